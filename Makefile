@@ -1,0 +1,54 @@
+# pagedkube: `make up` starts the local stack, `make test` runs every CI tier.
+# Both create .venv and install everything they need on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+WHEEL_DIR := build/wheel
+WHEEL_VENV := build/wheel-venv
+
+.PHONY: up test test-fast test-wheel test-e2e install bench clean model
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Re-install whenever the package metadata changes.
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+up: install
+	$(BIN)/pagedkube up
+
+test: test-fast test-wheel test-e2e
+
+test-fast: install
+	$(BIN)/pytest tests
+
+# A broken package layout (files outside the pagedkube namespace, a missing
+# package, a CLI that needs torch to print help) must fail CI: build the wheel,
+# install it non-editable into a fresh venv and run the CLI there.
+test-wheel: install
+	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet $(WHEEL_DIR)/pagedkube-*.whl
+	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/pagedkube --help
+	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/scripts/check_wheel.py
+
+test-e2e: install
+	@if [ -d e2e ] && ls e2e/test_*.py >/dev/null 2>&1; then $(BIN)/pytest e2e; else echo "e2e: no tests yet"; fi
+
+bench: install
+	$(BIN)/python bench/engine_throughput.py
+	$(BIN)/python bench/prefix_cache.py
+
+# Rebuild the built-in model (corpus, tokenizer, weights) reproducibly.
+model: install
+	$(BIN)/python scripts/make_tiny_model.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

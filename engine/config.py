@@ -1,0 +1,45 @@
+"""Engine configuration: one validated dataclass (STYLE.md "Config")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None            # a Hugging Face directory; None = the built-in tiny model
+    device: str = "auto"                # auto = cuda when available, else cpu
+    dtype: str = "auto"                 # auto = the checkpoint's torch_dtype on CUDA, float32 on CPU
+    block_size: int = 16                # tokens per KV block (vLLM's default)
+    num_kv_blocks: int | None = None    # None = sized from kv_cache_memory
+    kv_cache_memory: int | None = None  # bytes for the KV pool; None = runner's default for the device
+    max_num_seqs: int = 256             # vLLM's default cap on running sequences
+    max_num_batched_tokens: int = 2048  # per-step token budget (vLLM's default for chunked prefill)
+    max_model_len: int | None = None    # None = the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    seed: int = 0                       # seeds the sampler stream of requests without their own seed
+    attention_backend: str = "auto"     # auto = triton on CUDA, torch elsewhere
+    hash_seed: str = ""                 # seed of the chained block hash (pagedkube.hashing)
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")

@@ -1,0 +1,1 @@
+"""pagedkube.gateway (torch-free)."""

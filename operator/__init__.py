@@ -1,0 +1,1 @@
+"""pagedkube.operator (torch-free)."""

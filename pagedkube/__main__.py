@@ -1,0 +1,5 @@
+import sys
+
+from pagedkube.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Chained block hashes for the prefix cache, shared by the engine and the gateway.
+
+Block i of a prompt (only full blocks are hashed) is keyed by
+
+    h_i = sha256( h_{i-1} || u32le(len(tokens_i)) || u32le(tokens_i...) || u32le(len(extra_i)) || extra_i )
+
+with h_{-1} = sha256("pagedkube-root\\0" || seed). `extra_0` carries the cache salt
+(per tenant), so two tenants' chains differ from the first block on; later blocks
+inherit the difference through the chain. The encoding is canonical (fixed-width
+little-endian integers with explicit lengths), so two processes, two machines or a
+gateway and an engine always compute the same bytes: no Python `hash()`, no pickle,
+no PYTHONHASHSEED (PITFALLS.md: "Hash collisions are data leaks", "hash seed mismatches").
+
+This module is torch-free and import-light: the gateway image uses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from array import array
+from typing import Iterable, Sequence
+
+HASH_ALGORITHM = "sha256-chain-u32le-v1"
+DEFAULT_HASH_SEED = ""
+
+_U32 = struct.Struct("<I")
+
+
+def root_hash(seed: str = DEFAULT_HASH_SEED) -> bytes:
+    """The parent hash of a prompt's first block."""
+    return hashlib.sha256(b"pagedkube-root\0" + seed.encode("utf-8")).digest()
+
+
+def _u32_array(token_ids: Sequence[int]) -> bytes:
+    arr = array("I", token_ids)  # raises OverflowError for negatives / > 2**32-1
+    if arr.itemsize != 4:  # pragma: no cover - "I" is 4 bytes on every platform we ship
+        arr = array("L", token_ids)
+    if struct.pack("=I", 1) != _U32.pack(1):  # big-endian host
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def hash_block(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """Hash of one block given its parent's hash, its token ids and extra keys."""
+    h = hashlib.sha256()
+    h.update(parent)
+    h.update(_U32.pack(len(token_ids)))
+    h.update(_u32_array(token_ids))
+    h.update(_U32.pack(len(extra)))
+    h.update(extra)
+    return h.digest()
+
+
+def salt_bytes(cache_salt: str | None) -> bytes:
+    return b"" if not cache_salt else cache_salt.encode("utf-8")
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    seed: str = DEFAULT_HASH_SEED,
+    cache_salt: str | None = None,
+    parent: bytes | None = None,
+    start_block: int = 0,
+) -> list[bytes]:
+    """Hashes of every full block of `token_ids`.
+
+    `parent`/`start_block` continue an existing chain: pass the hash of block
+    `start_block - 1` to hash only the blocks after it (the engine extends a
+    running request's chain this way as its output fills blocks).
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    num_full = len(token_ids) // block_size
+    if start_block == 0:
+        parent = root_hash(seed)
+    elif parent is None:
+        raise ValueError("parent is required when start_block > 0")
+    hashes: list[bytes] = []
+    for i in range(start_block, num_full):
+        extra = salt_bytes(cache_salt) if i == 0 else b""
+        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+        hashes.append(parent)
+    return hashes
+
+
+def to_hex(hashes: Iterable[bytes]) -> list[str]:
+    return [h.hex() for h in hashes]
+
+
+def cache_config(block_size: int, seed: str = DEFAULT_HASH_SEED) -> dict:
+    """The body of GET /v1/cache/config: what a router needs to hash as we do."""
+    return {"block_size": block_size, "hash_algorithm": HASH_ALGORITHM, "hash_seed": seed}
