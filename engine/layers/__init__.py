@@ -1,0 +1,1 @@
+"""Building blocks of the decoder: RMSNorm, rotary embedding, gated activation."""

@@ -1,0 +1,123 @@
+"""Build a decoder and fill it from a Hugging Face safetensors checkpoint.
+
+The model is constructed on the meta device (no memory, no random init),
+materialised on the target device in the target dtype, then every parameter is
+copied from the checkpoint by its Hugging Face name. Checkpoint pieces of our
+fused projections land in row slices:
+
+    q_proj | k_proj | v_proj   -> qkv_proj     rows [0, q) [q, q+kv) [q+kv, q+2kv)
+    gate_proj | up_proj        -> gate_up_proj rows [0, I) [I, 2I)
+
+Every parameter (and every slice of a fused one) must be loaded exactly once;
+a missing or unexpected tensor or a shape mismatch is a ValueError naming it.
+lm_head shares embed_tokens' weight when the config ties them or when the
+checkpoint has no lm_head.weight (as Hugging Face does).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from safetensors import safe_open
+
+from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.models.decoder import DecoderForCausalLM
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Used on CUDA when dtype is "auto" and the checkpoint does not say (the usual release dtype).
+DEFAULT_CUDA_DTYPE = "bfloat16"
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # precomputed tables some old checkpoints carry
+
+
+def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
+    """"auto": float32 on CPU (half-precision matmuls are slow there and float32 matches
+    Hugging Face exactly); the checkpoint's torch_dtype on CUDA."""
+    if requested == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        name = cfg.torch_dtype or DEFAULT_CUDA_DTYPE
+        if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            name = "float16"
+        return DTYPES[name]
+    if requested not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {requested!r}")
+    return DTYPES[requested]
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    path = Path(model_dir)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        files = [path / name for name in dict.fromkeys(weight_map.values())]
+    else:
+        files = [path / "model.safetensors"]
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"checkpoint file {str(f)!r} is missing")
+    return files
+
+
+def _fused_targets(cfg: ModelConfig) -> dict[str, tuple[str, int, int]]:
+    """checkpoint suffix -> (our suffix, row start, row end)."""
+    q = cfg.num_attention_heads * cfg.head_dim
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    inter = cfg.intermediate_size
+    targets = {}
+    for kind in ("weight", "bias"):
+        targets[f"self_attn.q_proj.{kind}"] = (f"self_attn.qkv_proj.{kind}", 0, q)
+        targets[f"self_attn.k_proj.{kind}"] = (f"self_attn.qkv_proj.{kind}", q, q + kv)
+        targets[f"self_attn.v_proj.{kind}"] = (f"self_attn.qkv_proj.{kind}", q + kv, q + 2 * kv)
+        targets[f"mlp.gate_proj.{kind}"] = (f"mlp.gate_up_proj.{kind}", 0, inter)
+        targets[f"mlp.up_proj.{kind}"] = (f"mlp.gate_up_proj.{kind}", inter, 2 * inter)
+    return targets
+
+
+def _destination(name: str, fused: dict[str, tuple[str, int, int]]) -> tuple[str, slice | None]:
+    for src, (dst, start, end) in fused.items():
+        if name.endswith("." + src):
+            return name[: -len(src)] + dst, slice(start, end)
+    return name, None
+
+
+def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
+               max_positions: int) -> DecoderForCausalLM:
+    with torch.device("meta"):
+        model = DecoderForCausalLM(cfg, backend, max_positions, device=device)
+    model.to(dtype=dtype).to_empty(device=device)
+    if cfg.tie_word_embeddings:                          # to_empty() unties shared parameters
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params = dict(model.named_parameters())             # tied lm_head appears once, as embed_tokens
+    loaded: dict[str, int] = {name: 0 for name in params}   # rows loaded per parameter
+    expected = {name: p.shape[0] for name, p in params.items()}
+    fused = _fused_targets(cfg)
+    has_lm_head = False
+    for file in checkpoint_files(cfg.model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight":
+                    has_lm_head = True
+                    if cfg.tie_word_embeddings:
+                        continue                        # tied: embed_tokens is the one copy
+                dst, rows = _destination(name, fused)
+                if dst not in params:
+                    raise ValueError(f"unexpected tensor {name!r} in {file.name} for a {cfg.architecture}")
+                target = params[dst].data if rows is None else params[dst].data[rows]
+                tensor = f.get_tensor(name)
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                     f"expected {tuple(target.shape)}")
+                target.copy_(tensor)
+                loaded[dst] += target.shape[0] if target.dim() else 1
+    if not cfg.tie_word_embeddings and not has_lm_head:
+        model.lm_head.weight = model.model.embed_tokens.weight  # Hugging Face ties when lm_head is absent
+        loaded["lm_head.weight"] = expected["lm_head.weight"]
+    missing = [n for n in params if loaded[n] != expected[n]]
+    if missing:
+        raise ValueError(f"checkpoint in {cfg.model_dir!r} lacks (or duplicates) tensors for {missing}")
+    model.eval()
+    return model

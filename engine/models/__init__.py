@@ -1,0 +1,1 @@
+"""Model implementations (one decoder class covers the supported families)."""
