@@ -1,0 +1,143 @@
+"""The engine Deployment and its headless Service (pure).
+
+Replicas come from spec.replicas, which the gateway's autoscaler (or HPA/KEDA,
+or `kubectl scale`) writes through the LLMService scale subresource; the
+operator is the only writer of the Deployment's replicas, so nothing fights
+over that field under server-side apply.
+
+Termination: the pod leaves the EndpointSlice when deletion starts, but
+gateways learn that a moment later. preStop sleeps PRESTOP_SLEEP_S so they stop
+sending new requests, then SIGTERM makes the engine drain (readiness false,
+in-flight requests finish within --drain-timeout); the grace period covers
+both plus a margin.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pagedkube.operator import naming
+from pagedkube.operator.builders.common import (
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+from pagedkube.operator.builders.model import model_mount
+from pagedkube.operator.spec import LLMServiceSpec
+
+PRESTOP_SLEEP_S = 5       # EndpointSlice propagation to every gateway replica
+GRACE_MARGIN_S = 10       # process exit after the drain
+ENGINE_CONTAINER = "engine"
+# Loading weights (and downloading them first) can take many minutes; the
+# startup probe holds liveness off for up to 30 min.
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 180
+
+
+def engine_image(svc: LLMServiceSpec) -> str:
+    if svc.engine.image:
+        return svc.engine.image
+    return naming.VLLM_IMAGE if svc.engine.runtime == "vllm" else naming.ENGINE_IMAGE
+
+
+def termination_grace_s(svc: LLMServiceSpec) -> int:
+    return PRESTOP_SLEEP_S + svc.engine.drain_timeout_s + GRACE_MARGIN_S
+
+
+def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[str], list[str]]:
+    """(command, args) for the runtime, per docs/interfaces.md "Processes and flags"."""
+    e = svc.engine
+    common = ["--served-model-name", svc.model_name, "--host", "0.0.0.0", "--port", str(naming.ENGINE_PORT),
+              "--block-size", str(e.block_size), "--max-num-seqs", str(e.max_num_seqs)]
+    optional: list[str] = []
+    if e.max_model_len:
+        optional += ["--max-model-len", str(e.max_model_len)]
+    if e.max_num_batched_tokens:
+        optional += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.runtime == "vllm":
+        assert model_path is not None, "vllm needs a model path (validated in spec)"
+        return (["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                ["--model", model_path, *common, *optional, "--enable-prefix-caching", *e.extra_args])
+    args = ["serve", *(["--model", model_path] if model_path else []), *common, *optional,
+            "--drain-timeout", str(e.drain_timeout_s)]
+    if e.num_gpus:
+        args += ["--device", "cuda"]
+    return ["pagedkube"], [*args, *e.extra_args]
+
+
+def engine_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
+    env = list(HOME_ENV)
+    if svc.engine.runtime == "vllm":
+        env += [{"name": "HF_HOME", "value": "/tmp/hf"},
+                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
+    return env + [dict(v) for v in svc.engine.env]
+
+
+def build_engine_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
+    e = svc.engine
+    image = engine_image(svc)
+    mount = model_mount(svc.source, image=image, hf_token_secret=svc.hf_token_secret,
+                        security_context=container_security_context(), tmp_mount=TMP_MOUNT)
+    command, args = engine_command(svc, mount.model_path)
+    # vLLM's own health check is /health; it has no separate readiness endpoint.
+    ready_path = "/health" if e.runtime == "vllm" else "/ready"
+    volumes = [TMP_VOLUME, *mount.volumes]
+    mounts = [TMP_MOUNT, *mount.mounts]
+    if e.runtime == "vllm":  # NCCL and vLLM's worker processes share memory through /dev/shm
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    container = {
+        "name": ENGINE_CONTAINER,
+        "image": image,
+        **maybe("imagePullPolicy", e.image_pull_policy),
+        "command": command,
+        "args": args,
+        "env": engine_env(svc),
+        "ports": [{"name": "http", "containerPort": naming.ENGINE_PORT, "protocol": "TCP"}],
+        **maybe("resources", dict(e.resources)),
+        "startupProbe": http_probe("/health", period_s=STARTUP_PERIOD_S, failure_threshold=STARTUP_FAILURES),
+        "livenessProbe": http_probe("/health", period_s=10, failure_threshold=3),
+        "readinessProbe": http_probe(ready_path, period_s=5, failure_threshold=2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    match_labels = naming.selector_labels(svc.name, "engine")
+    # Without spare GPUs a surge pod cannot schedule; replace one at a time instead.
+    rolling = {"maxSurge": 0, "maxUnavailable": 1} if e.num_gpus else {"maxSurge": 1, "maxUnavailable": 0}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": naming.metadata(naming.engine_name(svc.name), svc.namespace, svc.name, svc.uid, "engine"),
+        "spec": {
+            "replicas": svc.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": match_labels},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
+            "template": {
+                "metadata": {"labels": naming.labels(svc.name, "engine")},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": pod_security_context(),
+                    "terminationGracePeriodSeconds": termination_grace_s(svc),
+                    **maybe("initContainers", mount.init_containers),
+                    "containers": [container],
+                    "volumes": volumes,
+                    **maybe("nodeSelector", dict(e.node_selector)),
+                    **maybe("tolerations", [dict(t) for t in e.tolerations]),
+                },
+            },
+        },
+    }
+
+
+def build_engine_service(svc: LLMServiceSpec) -> dict[str, Any]:
+    """Headless: the gateway reads its EndpointSlices and talks to each pod directly."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": naming.metadata(naming.engine_name(svc.name), svc.namespace, svc.name, svc.uid, "engine"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": naming.selector_labels(svc.name, "engine"),
+            "ports": [{"name": "http", "port": naming.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,99 @@
+"""The gateway Deployment and the user-facing Service (pure).
+
+The gateway finds engines through the EndpointSlices of the headless engine
+Service, and (with autoscaling on) writes the LLMService scale subresource;
+its ServiceAccount's Role (rbac.py) allows exactly that.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pagedkube.operator import naming
+from pagedkube.operator.builders.common import (
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+from pagedkube.operator.spec import LLMServiceSpec
+
+GATEWAY_CONTAINER = "gateway"
+API_KEYS_VOLUME = "api-keys"
+API_KEYS_DIR = "/etc/pagedkube/api-keys"
+API_KEYS_KEY = "api-keys.yaml"   # the key inside the Secret (docs/interfaces.md)
+
+
+def gateway_args(svc: LLMServiceSpec) -> list[str]:
+    g, a = svc.gateway, svc.autoscaling
+    args = ["gateway", "--kube-service", naming.engine_name(svc.name), "--namespace", svc.namespace,
+            "--host", "0.0.0.0", "--port", str(naming.GATEWAY_PORT),
+            "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
+    if g.api_key_secret:
+        args += ["--api-keys", f"{API_KEYS_DIR}/{API_KEYS_KEY}"]
+    if a.enabled:
+        args += ["--autoscale", "--llmservice", svc.name,
+                 "--min-replicas", str(a.min_replicas), "--max-replicas", str(a.max_replicas),
+                 "--target-queue-depth", f"{a.target_queue_depth:g}",
+                 "--scale-up-window", str(a.scale_up_window_s),
+                 "--scale-down-window", str(a.scale_down_window_s)]
+    return args
+
+
+def build_gateway_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
+    g = svc.gateway
+    volumes = [TMP_VOLUME]
+    mounts = [TMP_MOUNT]
+    if g.api_key_secret:
+        volumes.append({"name": API_KEYS_VOLUME, "secret": {
+            "secretName": g.api_key_secret, "items": [{"key": API_KEYS_KEY, "path": API_KEYS_KEY}]}})
+        mounts.append({"name": API_KEYS_VOLUME, "mountPath": API_KEYS_DIR, "readOnly": True})
+    env = [*HOME_ENV,
+           {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+    container = {
+        "name": GATEWAY_CONTAINER,
+        "image": g.image or naming.GATEWAY_IMAGE,
+        **maybe("imagePullPolicy", g.image_pull_policy),
+        "command": ["pagedkube"],
+        "args": gateway_args(svc),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": naming.GATEWAY_PORT, "protocol": "TCP"}],
+        **maybe("resources", dict(g.resources)),
+        "livenessProbe": http_probe("/health", period_s=10, failure_threshold=3),
+        "readinessProbe": http_probe("/ready", period_s=5, failure_threshold=2),
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": naming.metadata(naming.gateway_name(svc.name), svc.namespace, svc.name, svc.uid, "gateway"),
+        "spec": {
+            "replicas": g.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": naming.selector_labels(svc.name, "gateway")},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": naming.labels(svc.name, "gateway")},
+                "spec": {
+                    "serviceAccountName": naming.gateway_name(svc.name),
+                    "enableServiceLinks": False,
+                    "securityContext": pod_security_context(),
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def build_gateway_service(svc: LLMServiceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": naming.metadata(naming.gateway_service_name(svc.name), svc.namespace, svc.name, svc.uid,
+                                    "gateway"),
+        "spec": {
+            "type": svc.gateway.service_type,
+            "selector": naming.selector_labels(svc.name, "gateway"),
+            "ports": [{"name": "http", "port": naming.GATEWAY_SERVICE_PORT, "targetPort": "http",
+                       "protocol": "TCP"}],
+        },
+    }

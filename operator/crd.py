@@ -1,0 +1,184 @@
+"""The LLMService CustomResourceDefinition, the source of manifests/crd.yaml (pure).
+
+Structural schema with defaults from spec.py, enums and bounds; CEL rules for
+what one field cannot say alone. `python -m pagedkube.operator.manifests`
+writes the YAML; a test checks the file is up to date.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pagedkube.operator import naming, spec as d
+
+
+def _int(minimum: int | None = None, maximum: int | None = None, default: int | None = None,
+         description: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "integer", "format": "int32"}
+    if minimum is not None:
+        out["minimum"] = minimum
+    if maximum is not None:
+        out["maximum"] = maximum
+    if default is not None:
+        out["default"] = default
+    if description:
+        out["description"] = description
+    return out
+
+
+def _str(description: str = "", **extra: Any) -> dict[str, Any]:
+    return {"type": "string", **({"description": description} if description else {}), **extra}
+
+
+def _obj(properties: dict[str, Any], description: str = "", **extra: Any) -> dict[str, Any]:
+    return {"type": "object", **({"description": description} if description else {}),
+            "properties": properties, **extra}
+
+
+def _secret_ref(description: str) -> dict[str, Any]:
+    return _obj({"name": _str("Secret name in the LLMService's namespace.", minLength=1, maxLength=253)},
+                description, required=["name"])
+
+
+QUANTITY_MAP = {
+    "type": "object",
+    "additionalProperties": {"x-kubernetes-int-or-string": True,
+                             "anyOf": [{"type": "integer"}, {"type": "string"}]},
+}
+RESOURCES = _obj({"limits": QUANTITY_MAP, "requests": QUANTITY_MAP},
+                 "Compute resources, as a container's (e.g. limits: {nvidia.com/gpu: 1}).")
+FREE_FORM_ITEMS = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+PULL_POLICY = _str("Image pull policy.", enum=["Always", "IfNotPresent", "Never"])
+
+MODEL = _obj({
+    "name": _str("Served model name (the `model` field of requests). Default: the source's last path part.",
+                 maxLength=253),
+    "source": _str("hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH or builtin://tiny.",
+                   pattern=d.SOURCE_PATTERN, maxLength=512),
+    "hfTokenSecretRef": _secret_ref("Secret with key HF_TOKEN, for gated or private Hugging Face models."),
+}, "Which model to serve.", required=["source"], **{"x-kubernetes-validations": [{
+    "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source == 'builtin://tiny'",
+    "message": "model.source must use the hf://, pvc:// or builtin:// scheme",
+}]})
+
+AUTOSCALING = _obj({
+    "enabled": {"type": "boolean", "default": False},
+    "minReplicas": _int(0, 1000, d.DEFAULT_MIN_REPLICAS, "0 allows scale to zero."),
+    "maxReplicas": _int(1, 1000, d.DEFAULT_MAX_REPLICAS),
+    "targetQueueDepth": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                         "default": d.DEFAULT_TARGET_QUEUE_DEPTH,
+                         "description": "Mean waiting requests per ready engine to aim for."},
+    "scaleUpWindowSeconds": _int(0, 3600, d.DEFAULT_SCALE_UP_WINDOW_S),
+    "scaleDownWindowSeconds": _int(0, 3600, d.DEFAULT_SCALE_DOWN_WINDOW_S),
+}, "Queue-depth autoscaling by the gateway, through the scale subresource.",
+    **{"x-kubernetes-validations": [{"rule": "self.minReplicas <= self.maxReplicas",
+                                     "message": "autoscaling.minReplicas must not exceed maxReplicas"}]})
+
+ENGINE = _obj({
+    "runtime": _str("pagedkube (ours) or vllm (the upstream vllm/vllm-openai image).",
+                    enum=list(d.RUNTIMES), default="pagedkube"),
+    "image": _str("Engine image. Default: the runtime's image for this release."),
+    "imagePullPolicy": PULL_POLICY,
+    "resources": RESOURCES,
+    "blockSize": {"type": "integer", "enum": list(d.BLOCK_SIZES), "default": d.DEFAULT_BLOCK_SIZE},
+    "maxModelLen": _int(1, 1048576),
+    "maxNumSeqs": _int(1, 65536, d.DEFAULT_MAX_NUM_SEQS),
+    "maxNumBatchedTokens": _int(1, 1048576),
+    "drainTimeoutSeconds": _int(0, 3600, d.DEFAULT_DRAIN_TIMEOUT_S,
+                                "How long a stopping engine lets in-flight requests finish."),
+    "extraArgs": {"type": "array", "items": {"type": "string"}, "maxItems": 64,
+                  "description": "Appended to the engine command line."},
+    "env": FREE_FORM_ITEMS,
+    "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+    "tolerations": FREE_FORM_ITEMS,
+}, "The engine pods.")
+
+GATEWAY = _obj({
+    "replicas": _int(1, 100, d.DEFAULT_GATEWAY_REPLICAS),
+    "image": _str("Gateway image. Default: this release's."),
+    "imagePullPolicy": PULL_POLICY,
+    "resources": RESOURCES,
+    "routing": _obj({
+        "policy": _str(enum=list(d.ROUTING_POLICIES), default=d.DEFAULT_ROUTING_POLICY),
+        "loadBound": {"type": "number", "minimum": 1.0, "maximum": 10.0, "default": d.DEFAULT_LOAD_BOUND,
+                      "description": "c in consistent hashing with bounded loads."},
+    }, default={}),
+    "apiKeySecretRef": _secret_ref("Secret with key api-keys.yaml (docs/operator.md)."),
+    "serviceType": _str(enum=list(d.SERVICE_TYPES), default="ClusterIP"),
+}, "The gateway in front of the engines.")
+
+MONITORING = _obj({
+    "enabled": {"type": "boolean", "default": True,
+                "description": "Create a ServiceMonitor when the Prometheus Operator is installed."},
+    "interval": _str(pattern=r"^[0-9]+(ms|s|m|h)$", default=d.DEFAULT_SCRAPE_INTERVAL),
+})
+
+SPEC = _obj({
+    "model": MODEL,
+    "replicas": _int(0, 1000, d.DEFAULT_REPLICAS,
+                     "Engine replicas. With autoscaling on, the autoscaler writes it (scale subresource)."),
+    "autoscaling": AUTOSCALING,
+    "engine": {**ENGINE, "default": {}},
+    "gateway": {**GATEWAY, "default": {}},
+    "monitoring": {**MONITORING, "default": {}},
+}, required=["model"], **{"x-kubernetes-validations": [
+    {"rule": "!has(self.autoscaling) || !self.autoscaling.enabled || "
+             "(self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)",
+     "message": "replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas] when autoscaling"},
+    {"rule": "self.engine.runtime != 'vllm' || self.model.source != 'builtin://tiny'",
+     "message": "the vllm runtime cannot serve builtin://tiny; use hf:// or pvc://"},
+]})
+
+CONDITION = _obj({
+    "type": _str(), "status": _str(enum=["True", "False", "Unknown"]), "reason": _str(), "message": _str(),
+    "lastTransitionTime": _str(format="date-time"), "observedGeneration": {"type": "integer", "format": "int64"},
+}, required=["type", "status"])
+
+STATUS = _obj({
+    "replicas": _int(), "readyReplicas": _int(),
+    "selector": _str("Label selector of the engine pods (scale subresource)."),
+    "url": _str("In-cluster URL of the gateway Service."),
+    "observedGeneration": {"type": "integer", "format": "int64"},
+    "conditions": {"type": "array", "items": CONDITION,
+                   "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+}, **{"x-kubernetes-preserve-unknown-fields": True})  # kopf keeps its handler progress here
+
+ROOT = _obj({
+    "apiVersion": _str(), "kind": _str(), "metadata": {"type": "object"},
+    "spec": SPEC, "status": STATUS,
+}, required=["spec"], **{"x-kubernetes-validations": [{
+    "rule": f"size(self.metadata.name) <= {d.MAX_NAME_LENGTH}",
+    "message": f"metadata.name must be at most {d.MAX_NAME_LENGTH} characters (children append -gateway)",
+}]})
+
+
+def build_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{naming.PLURAL}.{naming.GROUP}",
+                     "labels": {"app.kubernetes.io/name": "pagedkube"}},
+        "spec": {
+            "group": naming.GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": naming.KIND, "listKind": f"{naming.KIND}List", "plural": naming.PLURAL,
+                      "singular": "llmservice", "shortNames": ["llms"], "categories": ["pagedkube"]},
+            "versions": [{
+                "name": naming.VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": ROOT},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                              "labelSelectorPath": ".status.selector"},
+                },
+                "additionalPrinterColumns": [
+                    {"name": "Model", "type": "string", "jsonPath": ".spec.model.source"},
+                    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+                    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+                    {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }

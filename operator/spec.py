@@ -1,0 +1,252 @@
+"""The LLMService spec as the operator reads it (pure, torch-free).
+
+The API server applies the CRD's defaults and validations before the operator
+sees an object, but builders must not trust that (an old CRD, a hand-made test
+object), so `LLMServiceSpec.from_body` re-applies the same defaults and raises
+ValueError with a message a user can act on. The defaults live here once and
+the CRD schema (crd.py) reads them from here.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+# Defaults shared with crd.py. Each says where its number comes from.
+DEFAULT_REPLICAS = 1
+DEFAULT_BLOCK_SIZE = 16            # vLLM's default block size
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+DEFAULT_MAX_NUM_SEQS = 256         # vLLM's default max_num_seqs
+DEFAULT_DRAIN_TIMEOUT_S = 30       # long enough for a 1k-token reply at ~40 tok/s
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 4
+DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # DESIGN.md §7 example
+DEFAULT_SCALE_UP_WINDOW_S = 0      # HPA's default scale-up stabilization
+DEFAULT_SCALE_DOWN_WINDOW_S = 300  # HPA's default scale-down stabilization
+DEFAULT_GATEWAY_REPLICAS = 1
+DEFAULT_ROUTING_POLICY = "prefix"
+ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
+DEFAULT_LOAD_BOUND = 1.25          # Mirrokni et al.'s c; DESIGN.md §6
+RUNTIMES = ("pagedkube", "vllm")
+SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
+# `<name>-gateway` must stay a DNS-1035 label (63 chars) for Services.
+MAX_NAME_LENGTH = 55
+
+HF_SOURCE = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?$")
+PVC_SOURCE = re.compile(r"^pvc://([a-z0-9]([-a-z0-9]*[a-z0-9])?)(/[^\s]*)?$")
+BUILTIN_SOURCE = "builtin://tiny"
+SOURCE_PATTERN = (
+    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|builtin://tiny)$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """Where the weights come from: one of hf://ORG/NAME[@REV], pvc://CLAIM/PATH, builtin://tiny."""
+
+    scheme: str                  # "hf" | "pvc" | "builtin"
+    repo_id: str = ""            # hf
+    revision: str = ""           # hf; "" = the default branch
+    claim: str = ""              # pvc
+    path: str = ""               # pvc: path inside the claim, no leading slash
+
+    @classmethod
+    def parse(cls, source: str) -> "ModelSource":
+        if source == BUILTIN_SOURCE:
+            return cls(scheme="builtin")
+        if m := HF_SOURCE.match(source):
+            return cls(scheme="hf", repo_id=m.group(1), revision=m.group(2) or "")
+        if m := PVC_SOURCE.match(source):
+            return cls(scheme="pvc", claim=m.group(1), path=(m.group(3) or "").strip("/"))
+        raise ValueError(
+            f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH or builtin://tiny"
+        )
+
+    def default_name(self) -> str:
+        """The served model name when spec.model.name is unset."""
+        if self.scheme == "hf":
+            return self.repo_id.rsplit("/", 1)[1]
+        if self.scheme == "pvc":
+            return self.path.rsplit("/", 1)[-1] or self.claim
+        return "tiny"
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    enabled: bool = False
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int = DEFAULT_MAX_REPLICAS
+    target_queue_depth: float = DEFAULT_TARGET_QUEUE_DEPTH
+    scale_up_window_s: int = DEFAULT_SCALE_UP_WINDOW_S
+    scale_down_window_s: int = DEFAULT_SCALE_DOWN_WINDOW_S
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    runtime: str = "pagedkube"
+    image: str = ""                       # "" = the runtime's default image
+    image_pull_policy: str = ""
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    max_model_len: int | None = None
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int | None = None
+    drain_timeout_s: int = DEFAULT_DRAIN_TIMEOUT_S
+    extra_args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def num_gpus(self) -> int:
+        limits = self.resources.get("limits") or {}
+        return int(str(limits.get("nvidia.com/gpu", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    replicas: int = DEFAULT_GATEWAY_REPLICAS
+    image: str = ""
+    image_pull_policy: str = ""
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    routing_policy: str = DEFAULT_ROUTING_POLICY
+    load_bound: float = DEFAULT_LOAD_BOUND
+    api_key_secret: str = ""              # Secret name; "" = no API keys
+    service_type: str = "ClusterIP"
+
+
+@dataclass(frozen=True, slots=True)
+class LLMServiceSpec:
+    """One LLMService, defaults applied. `name`/`namespace`/`uid` come from metadata."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    model_name: str
+    source: ModelSource
+    hf_token_secret: str = ""
+    replicas: int = DEFAULT_REPLICAS
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    gateway: GatewaySpec = field(default_factory=GatewaySpec)
+    monitoring_enabled: bool = True
+    scrape_interval: str = DEFAULT_SCRAPE_INTERVAL
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> "LLMServiceSpec":
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        name = meta.get("name") or ""
+        if not name or len(name) > MAX_NAME_LENGTH:
+            raise ValueError(f"metadata.name must be 1..{MAX_NAME_LENGTH} characters, got {name!r}")
+        model = spec.get("model") or {}
+        if not model.get("source"):
+            raise ValueError("spec.model.source is required")
+        source = ModelSource.parse(model["source"])
+        engine = _engine(spec.get("engine") or {})
+        if engine.runtime == "vllm" and source.scheme == "builtin":
+            raise ValueError("spec.engine.runtime vllm cannot serve builtin://tiny; use hf:// or pvc://")
+        autoscaling = _autoscaling(spec.get("autoscaling") or {})
+        replicas = _int(spec, "replicas", DEFAULT_REPLICAS, "spec.replicas", low=0)
+        if autoscaling.enabled and not autoscaling.min_replicas <= replicas <= autoscaling.max_replicas:
+            raise ValueError(
+                f"spec.replicas {replicas} must lie within autoscaling "
+                f"[{autoscaling.min_replicas}, {autoscaling.max_replicas}]"
+            )
+        monitoring = spec.get("monitoring") or {}
+        return cls(
+            name=name,
+            namespace=meta.get("namespace") or "default",
+            uid=meta.get("uid") or "",
+            generation=int(meta.get("generation") or 0),
+            model_name=model.get("name") or source.default_name(),
+            source=source,
+            hf_token_secret=(model.get("hfTokenSecretRef") or {}).get("name", ""),
+            replicas=replicas,
+            autoscaling=autoscaling,
+            engine=engine,
+            gateway=_gateway(spec.get("gateway") or {}),
+            monitoring_enabled=bool(monitoring.get("enabled", True)),
+            scrape_interval=monitoring.get("interval", DEFAULT_SCRAPE_INTERVAL),
+        )
+
+
+def _int(d: Mapping[str, Any], key: str, default: int | None, where: str, low: int = 1) -> Any:
+    value = d.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{where} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _autoscaling(d: Mapping[str, Any]) -> Autoscaling:
+    a = Autoscaling(
+        enabled=bool(d.get("enabled", False)),
+        min_replicas=_int(d, "minReplicas", DEFAULT_MIN_REPLICAS, "spec.autoscaling.minReplicas", low=0),
+        max_replicas=_int(d, "maxReplicas", DEFAULT_MAX_REPLICAS, "spec.autoscaling.maxReplicas"),
+        target_queue_depth=float(d.get("targetQueueDepth", DEFAULT_TARGET_QUEUE_DEPTH)),
+        scale_up_window_s=_int(d, "scaleUpWindowSeconds", DEFAULT_SCALE_UP_WINDOW_S,
+                               "spec.autoscaling.scaleUpWindowSeconds", low=0),
+        scale_down_window_s=_int(d, "scaleDownWindowSeconds", DEFAULT_SCALE_DOWN_WINDOW_S,
+                                 "spec.autoscaling.scaleDownWindowSeconds", low=0),
+    )
+    if a.min_replicas > a.max_replicas:
+        raise ValueError(f"spec.autoscaling.minReplicas {a.min_replicas} exceeds maxReplicas {a.max_replicas}")
+    if a.target_queue_depth <= 0:
+        raise ValueError(f"spec.autoscaling.targetQueueDepth must be > 0, got {a.target_queue_depth}")
+    return a
+
+
+def _engine(d: Mapping[str, Any]) -> EngineSpec:
+    runtime = d.get("runtime", "pagedkube")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"spec.engine.runtime must be one of {RUNTIMES}, got {runtime!r}")
+    block_size = d.get("blockSize", DEFAULT_BLOCK_SIZE)
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"spec.engine.blockSize must be one of {BLOCK_SIZES}, got {block_size!r}")
+    extra_args = d.get("extraArgs") or ()
+    if not all(isinstance(a, str) for a in extra_args):
+        raise ValueError("spec.engine.extraArgs must be a list of strings")
+    return EngineSpec(
+        runtime=runtime,
+        image=d.get("image", ""),
+        image_pull_policy=d.get("imagePullPolicy", ""),
+        resources=d.get("resources") or {},
+        block_size=block_size,
+        max_model_len=_int(d, "maxModelLen", None, "spec.engine.maxModelLen"),
+        max_num_seqs=_int(d, "maxNumSeqs", DEFAULT_MAX_NUM_SEQS, "spec.engine.maxNumSeqs"),
+        max_num_batched_tokens=_int(d, "maxNumBatchedTokens", None, "spec.engine.maxNumBatchedTokens"),
+        drain_timeout_s=_int(d, "drainTimeoutSeconds", DEFAULT_DRAIN_TIMEOUT_S,
+                             "spec.engine.drainTimeoutSeconds", low=0),
+        extra_args=tuple(extra_args),
+        env=tuple(d.get("env") or ()),
+        node_selector=d.get("nodeSelector") or {},
+        tolerations=tuple(d.get("tolerations") or ()),
+    )
+
+
+def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
+    routing = d.get("routing") or {}
+    policy = routing.get("policy", DEFAULT_ROUTING_POLICY)
+    if policy not in ROUTING_POLICIES:
+        raise ValueError(f"spec.gateway.routing.policy must be one of {ROUTING_POLICIES}, got {policy!r}")
+    load_bound = float(routing.get("loadBound", DEFAULT_LOAD_BOUND))
+    if load_bound < 1.0:
+        raise ValueError(f"spec.gateway.routing.loadBound must be >= 1.0, got {load_bound}")
+    service_type = d.get("serviceType", "ClusterIP")
+    if service_type not in SERVICE_TYPES:
+        raise ValueError(f"spec.gateway.serviceType must be one of {SERVICE_TYPES}, got {service_type!r}")
+    return GatewaySpec(
+        replicas=_int(d, "replicas", DEFAULT_GATEWAY_REPLICAS, "spec.gateway.replicas"),
+        image=d.get("image", ""),
+        image_pull_policy=d.get("imagePullPolicy", ""),
+        resources=d.get("resources") or {},
+        routing_policy=policy,
+        load_bound=load_bound,
+        api_key_secret=(d.get("apiKeySecretRef") or {}).get("name", ""),
+        service_type=service_type,
+    )
