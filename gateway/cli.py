@@ -1,5 +1,71 @@
-"""Subcommands of the gateway part (torch-free at import)."""
+"""Subcommands of the gateway part: `pagedkube gateway` (torch-free at import)."""
+from __future__ import annotations
+
+import argparse
+
+from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 
 
 def register(subparsers) -> None:
-    """Adds this part's subcommands (none yet)."""
+    p = subparsers.add_parser(
+        "gateway", help="cache-aware OpenAI-compatible gateway in front of engine servers",
+        description="OpenAI-compatible proxy that routes each request to the engine most likely to hold "
+                    "its prompt's KV blocks (prefix affinity, then consistent hashing with bounded loads).")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--endpoints", help="comma-separated engine URLs, e.g. http://127.0.0.1:8000,http://127.0.0.1:8001")
+    src.add_argument("--kube-service", metavar="NAME", help="watch the EndpointSlices of this engine Service")
+    p.add_argument("--namespace", default="default", help="namespace of --kube-service (default: default)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--load-bound", type=float, default=1.25,
+                   help="c in consistent hashing with bounded loads: no engine above c x mean load (default 1.25)")
+    p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on connect errors / 5xx")
+    p.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for engine bytes")
+    p.add_argument("--connect-timeout", type=float, default=2.0)
+    p.add_argument("--eject-after-failures", type=int, default=DEFAULT_EJECT_AFTER_FAILURES)
+    p.add_argument("--eject-seconds", type=float, default=DEFAULT_EJECT_SECONDS)
+    p.add_argument("--feed-interval", type=float, default=0.25, help="seconds between cache feed polls")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
+    p.add_argument("--ring-key-blocks", type=int, default=16,
+                   help="completions: the ring key is the hash of the first N blocks (default 16)")
+    p.add_argument("--hold-timeout", type=float, default=0.0,
+                   help="seconds to hold a request while no engine is ready (default 0: 503 at once)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    from pagedkube.gateway.config import GatewayConfig
+
+    return GatewayConfig(
+        endpoints=[u for u in (args.endpoints or "").split(",") if u.strip()],
+        kube_service=args.kube_service, namespace=args.namespace, host=args.host, port=args.port,
+        routing=args.routing, load_bound=args.load_bound, api_keys_file=args.api_keys,
+        max_body_bytes=args.max_body_bytes, max_attempts=args.max_attempts,
+        upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
+        eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
+        feed_interval=args.feed_interval, scrape_interval=args.scrape_interval,
+        ring_key_blocks=args.ring_key_blocks, hold_timeout=args.hold_timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        import uvicorn
+
+        from pagedkube.gateway.app import create_app
+    except ImportError as e:
+        print(f"pagedkube gateway needs the gateway extra: pip install 'pagedkube[gateway]' ({e})", file=sys.stderr)
+        return 2
+    try:
+        config = config_from_args(args)
+        app = create_app(config)
+    except ValueError as e:
+        print(f"pagedkube gateway: {e}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,190 @@
+"""create_app(config): the gateway's FastAPI app, its pieces built once here.
+
+    request -> auth + rate limit -> read and check body -> hash prompt
+            -> pick endpoints -> proxy (retries, streaming, metrics)
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import httpx
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
+from pagedkube.gateway.config import GatewayConfig
+from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
+from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
+from pagedkube.gateway.engine_watch import EngineWatcher
+from pagedkube.gateway.errors import GatewayError, no_endpoint, rate_limited, unauthorized
+from pagedkube.gateway.metrics import GatewayMetrics
+from pagedkube.gateway.proxy import Proxy, ProxyOptions
+from pagedkube.gateway.routing.bounded_load import BoundedLoad
+from pagedkube.gateway.routing.picker import PrefixPicker
+from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
+from pagedkube.gateway.routing.prefix_index import PrefixIndex
+from pagedkube.gateway.routing.ring import RingCache
+from pagedkube.gateway.routing.types import Picker
+from pagedkube.gateway.validation import parse_request, read_body
+
+
+def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
+    rings = RingCache(config.vnodes)
+    if config.routing == "round-robin":
+        return RoundRobinPicker()
+    if config.routing == "least-load":
+        return LeastLoadPicker(rings)
+    return PrefixPicker(index, BoundedLoad(config.load_bound), rings)
+
+
+class Gateway:
+    """Everything a request handler needs; app.state.gateway holds one."""
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.api_keys = ApiKeys.from_file(config.api_keys_file) if config.api_keys_file else None
+        self.rate_limiter = RateLimiter()
+        self.endpoints = EndpointSet(config.eject_after_failures, config.eject_seconds)
+        self.index = PrefixIndex(config.index_capacity)
+        self.picker = build_picker(config, self.index)
+        self.metrics = GatewayMetrics(self.endpoints.counts_by_state,
+                                      lambda: {u: e.in_flight for u in self.endpoints.urls()
+                                               if (e := self.endpoints.get(u)) is not None})
+        self.static_urls = [normalize_url(u) for u in config.endpoints]
+        self.client: httpx.AsyncClient | None = None
+        self.watcher: EngineWatcher | None = None
+        self.proxy: Proxy | None = None
+        self.kube: KubeDiscovery | None = None
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        timeout = httpx.Timeout(self.config.upstream_timeout, connect=self.config.connect_timeout)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        # Control-plane calls (feed, metrics, probes) must not wait the long upstream timeout.
+        self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout))
+        self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
+            max_attempts=self.config.max_attempts, upstream_timeout=self.config.upstream_timeout,
+            strip_authorization=self.api_keys is not None, route_headers=self.config.route_headers))
+        self.watcher = EngineWatcher(self.endpoints, self.index, self.control,
+                                     probe_ready=bool(self.static_urls), ring_key_blocks=self.config.ring_key_blocks,
+                                     feed_interval=self.config.feed_interval,
+                                     scrape_interval=self.config.scrape_interval)
+        self.watcher.start()
+        if self.static_urls:
+            self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
+        else:
+            self.kube = KubeDiscovery(self.endpoints, self.config.kube_service, self.config.namespace)
+            self.kube.start()
+
+    async def stop(self) -> None:
+        if self.kube is not None:
+            self.kube.stop()
+        if self.watcher is not None:
+            await self.watcher.stop()
+        for client in (self.client, getattr(self, "control", None)):
+            if client is not None:
+                await client.aclose()
+
+    def authenticate(self, request: Request, rate_limit: bool = True) -> tuple[str | None, str | None]:
+        """(key name, cache salt) for this request; raises 401/429."""
+        if self.api_keys is None:
+            return None, None
+        key = self.api_keys.lookup(request.headers.get("authorization"))
+        if key is None:
+            raise unauthorized()
+        wait = self.rate_limiter.acquire(key.name, key.requests_per_minute) if rate_limit else None
+        if wait is not None:
+            raise rate_limited(key.name, retry_after_header(wait))
+        return key.name, key.cache_salt
+
+    async def handle(self, request: Request, path: str) -> Response:
+        started = time.monotonic()
+        model_label = "unknown"
+        try:
+            _, tenant_salt = self.authenticate(request)
+            raw = await read_body(request.stream(), request.headers.get("content-length"),
+                                  self.config.max_body_bytes)
+            known = self.watcher.known_models()
+            parsed = parse_request(path, raw, known)
+            model_label = parsed.model if parsed.model and known and parsed.model in known else "unknown"
+            salt = tenant_salt if tenant_salt is not None else parsed.body.get("cache_salt")
+            routing_input = self.watcher.hasher.routing_input(parsed.kind, parsed.body, salt)
+            routable = await self.endpoints.wait_routable(self.config.hold_timeout)
+            if not routable:
+                raise no_endpoint()
+        except GatewayError as e:
+            self.metrics.requests.labels(model_label, str(e.status)).inc()
+            return e.response()
+        decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
+        self.metrics.routing_decisions.labels(decision.reason).inc()
+        if decision.predicted_cached_tokens:
+            self.metrics.predicted_cached_tokens.inc(decision.predicted_cached_tokens)
+        body = parsed.forward_body(tenant_salt)
+        return await self.proxy.forward(request, path, body, decision, model_label, started)
+
+    async def merged_models(self) -> dict:
+        urls = self.endpoints.routable()
+
+        async def one(url: str) -> list[dict]:
+            try:
+                r = await self.control.get(f"{url}/v1/models")
+                return list(r.json().get("data", [])) if r.status_code == 200 else []
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return []
+
+        merged: dict[str, dict] = {}
+        for models in await asyncio.gather(*(one(u) for u in urls)):
+            for m in models:
+                if isinstance(m, dict) and m.get("id") not in merged:
+                    merged[m.get("id")] = m
+        return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    gateway = Gateway(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await gateway.handle(request, "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gateway.handle(request, "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            gateway.authenticate(request, rate_limit=False)
+        except GatewayError as e:
+            return e.response()
+        return JSONResponse(await gateway.merged_models())
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        routable = gateway.endpoints.routable()
+        body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state()}
+        return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

@@ -1,0 +1,158 @@
+"""The set of engine endpoints, their state and their load.
+
+Discovery (a static list or EndpointSlices) says which endpoints exist and
+whether they are ready; the passive health check ejects an endpoint for a
+while after consecutive failures; the scraper records each engine's waiting
+queue. Routing reads `routable()` and `loads()`; the autoscaler (a later
+issue) reads the same object and uses `wait_routable` to hold requests while
+no engine is ready.
+
+    state:  ready | not_ready | terminating  (discovery)  + ejected (health)
+    load:   in_flight (requests this gateway has open)  + waiting (scraped)
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+READY = "ready"
+NOT_READY = "not_ready"
+TERMINATING = "terminating"
+EJECTED = "ejected"
+STATES = (READY, NOT_READY, TERMINATING, EJECTED)
+
+# Envoy's outlier detection defaults are 5 consecutive 5xx and 30 s; a local
+# connect refusal is a surer sign, so eject sooner and for less.
+DEFAULT_EJECT_AFTER_FAILURES = 2
+DEFAULT_EJECT_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class Endpoint:
+    url: str
+    discovered: str = NOT_READY
+    in_flight: int = 0
+    waiting: int = 0
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+
+    def state(self, now: float) -> str:
+        if self.discovered == READY and self.ejected_until > now:
+            return EJECTED
+        return self.discovered
+
+
+class EndpointSet:
+    def __init__(self, eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES,
+                 eject_seconds: float = DEFAULT_EJECT_SECONDS, clock: Callable[[], float] = time.monotonic):
+        if eject_after_failures <= 0:
+            raise ValueError(f"eject_after_failures must be positive, got {eject_after_failures}")
+        if eject_seconds < 0:
+            raise ValueError(f"eject_seconds must be >= 0, got {eject_seconds}")
+        self.eject_after_failures = eject_after_failures
+        self.eject_seconds = eject_seconds
+        self.clock = clock
+        self._endpoints: dict[str, Endpoint] = {}
+        self._listeners: list[Callable[[set[str], set[str]], None]] = []
+        self._changed = asyncio.Event()  # binds to a loop on first wait (Python >= 3.10)
+
+    # -- discovery -------------------------------------------------------------
+    def update(self, states: Mapping[str, str]) -> None:
+        """Replace the discovered set: `states` maps every endpoint URL that exists
+        now to ready / not_ready / terminating. Endpoints not in it are removed."""
+        for url, state in states.items():
+            if state not in (READY, NOT_READY, TERMINATING):
+                raise ValueError(f"unknown endpoint state {state!r} for {url}")
+        added = set(states) - set(self._endpoints)
+        removed = set(self._endpoints) - set(states)
+        for url in removed:
+            del self._endpoints[url]
+        for url, state in states.items():
+            self._endpoints.setdefault(url, Endpoint(url)).discovered = state
+        for listener in self._listeners:
+            listener(added, removed)
+        self._notify()
+
+    def set_discovered(self, url: str, state: str) -> None:
+        """One endpoint's readiness changed (static mode probes /ready)."""
+        endpoint = self._endpoints.get(url)
+        if endpoint is not None and endpoint.discovered != state:
+            endpoint.discovered = state
+            self._notify()
+
+    def subscribe(self, listener: Callable[[set[str], set[str]], None]) -> None:
+        """`listener(added, removed)` after every update()."""
+        self._listeners.append(listener)
+
+    # -- reads -----------------------------------------------------------------
+    def urls(self) -> list[str]:
+        return sorted(self._endpoints)
+
+    def get(self, url: str) -> Endpoint | None:
+        return self._endpoints.get(url)
+
+    def routable(self) -> list[str]:
+        now = self.clock()
+        return sorted(u for u, e in self._endpoints.items() if e.state(now) == READY)
+
+    def loads(self, urls: Iterable[str] | None = None) -> dict[str, int]:
+        urls = self._endpoints if urls is None else urls
+        return {u: e.in_flight + e.waiting for u in urls if (e := self._endpoints.get(u)) is not None}
+
+    def counts_by_state(self) -> dict[str, int]:
+        now = self.clock()
+        counts = dict.fromkeys(STATES, 0)
+        for e in self._endpoints.values():
+            counts[e.state(now)] += 1
+        return counts
+
+    # -- load and health -----------------------------------------------------------
+    def acquire(self, url: str) -> None:
+        if (e := self._endpoints.get(url)) is not None:
+            e.in_flight += 1
+
+    def release(self, url: str) -> None:
+        if (e := self._endpoints.get(url)) is not None and e.in_flight > 0:
+            e.in_flight -= 1
+
+    def set_waiting(self, url: str, waiting: int) -> None:
+        if (e := self._endpoints.get(url)) is not None:
+            e.waiting = max(0, int(waiting))
+
+    def report_success(self, url: str) -> None:
+        if (e := self._endpoints.get(url)) is not None:
+            e.consecutive_failures = 0
+
+    def report_failure(self, url: str) -> bool:
+        """Counts a connect error or 5xx; returns True when this ejects the endpoint."""
+        e = self._endpoints.get(url)
+        if e is None:
+            return False
+        e.consecutive_failures += 1
+        if e.consecutive_failures >= self.eject_after_failures:
+            e.consecutive_failures = 0
+            e.ejected_until = self.clock() + self.eject_seconds
+            return True
+        return False
+
+    # -- holding requests while nothing is ready (the autoscaler's hook) ---------------
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_routable(self, timeout: float) -> list[str]:
+        """The routable endpoints, waiting up to `timeout` seconds for one to appear."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not (routable := self.routable()):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 0.5))
+            except asyncio.TimeoutError:
+                pass
+        return routable
+

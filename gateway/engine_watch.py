@@ -1,0 +1,200 @@
+"""Background loops that follow each engine: its cache feed, its load and
+(for a static endpoint list) its readiness; and the tokenizer fetch.
+
+Per endpoint, two tasks:
+  feed    GET /v1/cache/config once (and after a restart), then
+          GET /v1/cache/events?after=SEQ every `feed_interval` -> PrefixIndex
+  scrape  GET /metrics (vllm:num_requests_waiting) every `scrape_interval`
+          -> EndpointSet.set_waiting; GET /ready when probing (static list);
+          GET /v1/models now and then -> the known model names
+The first engine whose cache config is read fixes the gateway's block size and
+hash seed and serves the tokenizer (GET /v1/cache/tokenizer); an engine with a
+different config gets no affinity (its feed is ignored) rather than silently
+wrong hashes (PITFALLS.md "Block size / hash seed mismatches").
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from pagedkube import hashing
+from pagedkube.gateway.endpoints import NOT_READY, READY, EndpointSet
+from pagedkube.gateway.prompt import PromptHasher
+from pagedkube.gateway.routing.prefix_index import PrefixIndex
+from pagedkube.tokenizer import Tokenizer
+
+log = logging.getLogger("pagedkube.gateway")
+
+_MODELS_EVERY = 10          # scrape ticks between /v1/models refreshes
+_TOKENIZER_RETRY_S = 10.0
+_MAX_BACKOFF_S = 2.0
+
+
+def parse_waiting(metrics_text: str) -> int:
+    """Sum of vllm:num_requests_waiting over its label sets (0 when absent)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:num_requests_waiting") and not line.startswith("vllm:num_requests_waiting_"):
+            try:
+                total += float(line.rsplit(None, 1)[-1])
+            except ValueError:
+                continue
+    return int(total)
+
+
+class EngineWatcher:
+    def __init__(self, endpoints: EndpointSet, index: PrefixIndex, client: httpx.AsyncClient, *,
+                 probe_ready: bool, ring_key_blocks: int, feed_interval: float = 0.25,
+                 scrape_interval: float = 1.0):
+        self.endpoints = endpoints
+        self.index = index
+        self.client = client
+        self.probe_ready = probe_ready
+        self.feed_interval = feed_interval
+        self.scrape_interval = scrape_interval
+        self.ring_key_blocks = ring_key_blocks
+        self.hasher = PromptHasher(None, ring_key_blocks=ring_key_blocks)
+        self.cache_config: dict | None = None   # the config the hasher follows
+        self.models: dict[str, list[dict]] = {}
+        self._tasks: dict[str, list[asyncio.Task]] = {}
+        self._tokenizer_lock = asyncio.Lock()
+        self._tokenizer_next_try = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------
+    def start(self) -> None:
+        self.endpoints.subscribe(self._on_change)
+        self._on_change(set(self.endpoints.urls()), set())
+
+    def _on_change(self, added: set[str], removed: set[str]) -> None:
+        for url in removed:
+            for task in self._tasks.pop(url, []):
+                task.cancel()
+            self.index.drop(url)
+            self.models.pop(url, None)
+        for url in added:
+            if url not in self._tasks:
+                self._tasks[url] = [asyncio.create_task(self._follow_feed(url), name=f"feed {url}"),
+                                    asyncio.create_task(self._scrape(url), name=f"scrape {url}")]
+
+    async def stop(self) -> None:
+        tasks = [t for ts in self._tasks.values() for t in ts]
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def known_models(self) -> set[str] | None:
+        """Model names the ready engines serve; None while no engine has answered."""
+        ready = set(self.endpoints.routable())
+        names = {m.get("id") for url, models in self.models.items() if url in ready for m in models}
+        return names or None
+
+    # -- cache feed ---------------------------------------------------------------
+    def _config_matches(self, config: dict) -> bool:
+        mine = self.cache_config
+        keys = ("block_size", "hash_algorithm", "hash_seed")
+        return mine is not None and all(mine.get(k) == config.get(k) for k in keys)
+
+    async def _adopt_config(self, url: str, config: dict) -> None:
+        if config.get("hash_algorithm") != hashing.HASH_ALGORITHM:
+            log.warning("engine %s hashes with %r, not %r: no prefix affinity for it",
+                        url, config.get("hash_algorithm"), hashing.HASH_ALGORITHM)
+            return
+        if self.cache_config is None:
+            self.cache_config = {k: config.get(k) for k in ("block_size", "hash_algorithm", "hash_seed")}
+            self.hasher = PromptHasher(None, int(config["block_size"]), config.get("hash_seed") or "",
+                                       self.ring_key_blocks)
+        if self.hasher.tokenizer is None and self._config_matches(config):
+            await self._load_tokenizer(url)
+
+    async def _load_tokenizer(self, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        async with self._tokenizer_lock:
+            if self.hasher.tokenizer is not None or loop.time() < self._tokenizer_next_try:
+                return
+            try:
+                r = await self.client.get(f"{url}/v1/cache/tokenizer")
+                r.raise_for_status()
+                tokenizer = await asyncio.to_thread(Tokenizer, r.json()["files"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+                self._tokenizer_next_try = loop.time() + _TOKENIZER_RETRY_S
+                log.warning("no tokenizer from %s (%s): routing falls back to raw-text keys", url, e)
+                return
+            old = self.hasher
+            self.hasher = PromptHasher(tokenizer, old.block_size, old.seed, old.ring_key_blocks)
+            log.info("tokenizer loaded from %s (block size %d)", url, old.block_size)
+
+    async def _follow_feed(self, url: str) -> None:
+        seq, engine_id, matches = 0, None, None
+        backoff = self.feed_interval
+        while True:
+            try:
+                if matches is None:
+                    r = await self.client.get(f"{url}/v1/cache/config")
+                    r.raise_for_status()
+                    config = r.json()
+                    await self._adopt_config(url, config)
+                    matches = self._config_matches(config)
+                    if not matches:
+                        log.warning("engine %s cache config %s differs from %s: ignoring its feed",
+                                    url, config, self.cache_config)
+                if matches:
+                    r = await self.client.get(f"{url}/v1/cache/events", params={"after": seq})
+                    r.raise_for_status()
+                    seq, engine_id, matches = self._apply_events(url, r.json(), seq, engine_id)
+                backoff = self.feed_interval
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+                log.debug("cache feed of %s: %s", url, e)
+                backoff = min(_MAX_BACKOFF_S, backoff * 2)
+            await asyncio.sleep(backoff if matches is not False else _MAX_BACKOFF_S * 5)
+
+    def _apply_events(self, url: str, data: dict, seq: int, engine_id: str | None):
+        """Returns the next (seq, engine_id, config-matches) state."""
+        new_id = data.get("engine_id")
+        if engine_id is not None and new_id != engine_id and not data.get("reset"):
+            # A restarted engine numbers events from scratch: our seq means nothing
+            # to it. Forget its hashes, re-read its config, start over.
+            self.index.reset(url, (), new_id)
+            return 0, None, None
+        if data.get("reset"):
+            self.index.reset(url, (bytes.fromhex(h) for h in data.get("block_hashes", [])), new_id)
+        for event in data.get("events", []):
+            hashes = (bytes.fromhex(h) for h in event.get("block_hashes", []))
+            if event.get("type") == "stored":
+                self.index.stored(url, hashes, new_id)
+            elif event.get("type") == "removed":
+                self.index.removed(url, hashes, new_id)
+        return int(data.get("latest_seq", seq)), new_id, True
+
+    # -- load, readiness, models ----------------------------------------------------
+    async def _scrape(self, url: str) -> None:
+        tick = 0
+        while True:
+            try:
+                if self.probe_ready:
+                    await self._probe(url)
+                r = await self.client.get(f"{url}/metrics")
+                if r.status_code == 200:
+                    self.endpoints.set_waiting(url, parse_waiting(r.text))
+                if url not in self.models or tick % _MODELS_EVERY == 0:
+                    r = await self.client.get(f"{url}/v1/models")
+                    if r.status_code == 200:
+                        self.models[url] = list(r.json().get("data", []))
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
+                log.debug("scrape of %s: %s", url, e)
+            tick += 1
+            await asyncio.sleep(self.scrape_interval)
+
+    async def _probe(self, url: str) -> None:
+        try:
+            r = await self.client.get(f"{url}/ready")
+            state = READY if r.status_code == 200 else NOT_READY
+        except httpx.HTTPError:
+            state = NOT_READY
+        self.endpoints.set_discovered(url, state)

@@ -1,0 +1,143 @@
+"""Turns an OpenAI request body into a RoutingInput, hashing as the engine does.
+
+The engine renders chat messages with the model's template, tokenizes, and keys
+each full block with pagedkube.hashing.block_hashes (salted with the request's
+cache_salt). The gateway does the same with the same tokenizer files (fetched
+from an engine's /v1/cache/tokenizer) and the same block size and seed (from
+/v1/cache/config), so its hashes equal the ones in the engines' cache feeds.
+
+Ring key (which pod a prompt goes to when no pod holds its prefix):
+  * chat: a hash of the conversation up to and including the first user
+    message. It is the same on every turn of a session, so a growing
+    conversation keeps its pod even before the cache feed reports its blocks,
+    and it differs between sessions that share only a system prompt, so they
+    spread over the ring instead of piling onto one pod.
+  * completions: the chained hash of block min(n, ring_key_blocks) - 1, i.e. of
+    the first ring_key_blocks blocks (default 16 x 16 = 256 tokens): questions
+    about one long document share the document's key.
+  * shorter than one block: a hash of all its tokens.
+When the tokenizer is not there (not fetched yet, or the template fails),
+routing falls back to the ring on a hash of the raw text (reason `fallback`),
+never to an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pagedkube import hashing
+from pagedkube.gateway.routing.types import RoutingInput
+from pagedkube.tokenizer import Tokenizer
+
+DEFAULT_RING_KEY_BLOCKS = 16
+_FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
+
+
+def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
+    return hashlib.sha256(tag + b"\0" + hashing.salt_bytes(salt) + b"\0" + payload).digest()
+
+
+def _tokens_bytes(token_ids: list[int]) -> bytes:
+    return b"".join(t.to_bytes(4, "little") for t in token_ids)
+
+
+def _content_text(content: Any) -> str:
+    """A message's content as one string: a list of parts becomes its text parts
+    joined by newlines (as vLLM does for string-format templates)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    out = []
+    for m in messages:
+        msg = dict(m)
+        if "content" in msg:
+            msg["content"] = _content_text(msg["content"])
+        out.append(msg)
+    return out
+
+
+def raw_text(kind: str, body: dict) -> str:
+    """The prompt's text without a tokenizer (fallback key): for chat, the turns
+    up to the first user message, so it is stable across a session's turns."""
+    if kind == "chat":
+        lines = []
+        for m in body.get("messages") or []:
+            if not isinstance(m, dict):
+                continue
+            lines.append(f"{m.get('role')}: {_content_text(m.get('content'))}")
+            if m.get("role") == "user":
+                break
+        return "\n".join(lines)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+class PromptHasher:
+    """Pure: holds the tokenizer and cache config, no I/O."""
+
+    def __init__(self, tokenizer: Tokenizer | None, block_size: int = 16, seed: str = hashing.DEFAULT_HASH_SEED,
+                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if ring_key_blocks <= 0:
+            raise ValueError(f"ring_key_blocks must be positive, got {ring_key_blocks}")
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self.seed = seed
+        self.ring_key_blocks = ring_key_blocks
+
+    def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
+        text = raw_text(kind, body)[:_FALLBACK_CHARS]
+        return RoutingInput(ring_key=_digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
+                            tokenized=False)
+
+    def routing_input(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
+        if self.tokenizer is None:
+            return self.fallback(kind, body, cache_salt)
+        try:
+            token_ids, key_ids = self._tokenize(kind, body)
+        except Exception:  # a template or tokenizer error routes, it does not fail the request
+            return self.fallback(kind, body, cache_salt)
+        if not token_ids:
+            return self.fallback(kind, body, cache_salt)
+        hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
+        if key_ids is not None:
+            key = _digest(b"chat", cache_salt, _tokens_bytes(key_ids))
+        elif hashes:
+            key = hashes[min(len(hashes), self.ring_key_blocks) - 1]
+        else:
+            key = _digest(b"short", cache_salt, _tokens_bytes(token_ids))
+        return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),
+                            block_size=self.block_size)
+
+    def _tokenize(self, kind: str, body: dict) -> tuple[list[int], list[int] | None]:
+        tok = self.tokenizer
+        assert tok is not None
+        if kind == "chat":
+            messages = template_messages(body["messages"])
+            kwargs = dict(body.get("chat_template_kwargs") or {})
+            add_generation_prompt = body.get("add_generation_prompt", True)
+            token_ids = tok.encode_chat(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+            first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
+            head = messages[:first_user + 1]
+            # Rendered without the generation prompt, so turn 1 and turn 5 agree.
+            key_ids = tok.encode_chat(head, add_generation_prompt=False, **kwargs)
+            return token_ids, key_ids
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]  # a batch of prompts routes by its first
+        if isinstance(prompt, str):
+            return tok.encode(prompt, add_special_tokens=True), None
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt), None
+        return [], None

@@ -1,0 +1,11 @@
+"""Routing pieces (torch-free, no I/O): each is small, pure and tested on its own.
+
+    ring.py          consistent-hash ring of virtual nodes: the walk order for a key
+    bounded_load.py  Mirrokni et al.'s bound: which endpoints may take one more request
+    prefix_index.py  per-endpoint bounded LRU of the block hashes its cache feed reports
+    picker.py        composes them: deepest held prefix within the bound, else the ring
+    policies.py      the baselines: round-robin and least-load
+"""
+from pagedkube.gateway.routing.types import Decision, Picker, RoutingInput
+
+__all__ = ["Decision", "Picker", "RoutingInput"]

@@ -1,0 +1,104 @@
+"""Pickers: affinity within the bound, ring otherwise, replicas agree."""
+import hashlib
+
+from pagedkube.gateway.routing.bounded_load import BoundedLoad
+from pagedkube.gateway.routing.picker import PrefixPicker
+from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
+from pagedkube.gateway.routing.prefix_index import PrefixIndex
+from pagedkube.gateway.routing.ring import HashRing, RingCache
+from pagedkube.gateway.routing.types import RoutingInput, predicted_cached_tokens
+
+PODS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
+IDLE = dict.fromkeys(PODS, 0)
+
+
+def chain(tag: str, n: int) -> tuple[bytes, ...]:
+    return tuple(hashlib.sha256(f"{tag}/{i}".encode()).digest() for i in range(n))
+
+
+def request(tag: str, n_blocks: int = 4, tokens: int | None = None, tokenized: bool = True) -> RoutingInput:
+    hashes = chain(tag, n_blocks) if tokenized else ()
+    return RoutingInput(ring_key=hashlib.sha256(tag.encode()).digest(), block_hashes=hashes,
+                        num_prompt_tokens=tokens if tokens is not None else n_blocks * 16 + 3, tokenized=tokenized)
+
+
+def make(index=None, c=1.25):
+    return PrefixPicker(index or PrefixIndex(), BoundedLoad(c), RingCache())
+
+
+def test_no_holder_goes_to_the_ring_owner():
+    d = make().pick(request("x"), PODS, IDLE)
+    assert d.endpoint == HashRing(PODS).owner(hashlib.sha256(b"x").digest())
+    assert d.reason == "ring" and d.matched_blocks == 0 and d.predicted_cached_tokens == 0
+    assert sorted(d.endpoints) == sorted(PODS)
+
+
+def test_deepest_holder_wins_and_predicts_cached_tokens():
+    index = PrefixIndex()
+    req = request("doc", n_blocks=4, tokens=70)
+    index.stored(PODS[0], req.block_hashes[:1])
+    index.stored(PODS[2], req.block_hashes[:3])
+    d = make(index).pick(req, PODS, IDLE)
+    assert (d.endpoint, d.reason, d.matched_blocks, d.predicted_cached_tokens) == (PODS[2], "affinity", 3, 48)
+
+
+def test_holder_over_the_bound_is_skipped_for_the_next_best():
+    index = PrefixIndex()
+    req = request("doc")
+    index.stored(PODS[2], req.block_hashes)
+    index.stored(PODS[1], req.block_hashes[:2])
+    loads = {PODS[0]: 0, PODS[1]: 1, PODS[2]: 5, PODS[3]: 0}  # capacity ceil(1.25*7/4) = 3
+    d = make(index).pick(req, PODS, loads)
+    assert (d.endpoint, d.reason, d.matched_blocks) == (PODS[1], "overflow", 2)
+    loads[PODS[1]] = 3  # now no holder fits: first fitting pod on the ring
+    d = make(index).pick(req, PODS, loads)
+    walk = HashRing(PODS).walk(req.ring_key)
+    assert d.reason == "overflow" and d.matched_blocks == 0
+    assert d.endpoint == next(p for p in walk if p not in (PODS[1], PODS[2]))
+
+
+def test_ring_owner_over_the_bound_overflows_along_the_walk():
+    req = request("y")
+    walk = HashRing(PODS).walk(req.ring_key)
+    loads = dict(IDLE, **{walk[0]: 2})  # capacity ceil(1.25*3/4) = 1
+    d = make().pick(req, PODS, loads)
+    assert (d.endpoint, d.reason) == (walk[1], "overflow")
+    assert d.endpoints == (walk[1], walk[0], walk[2], walk[3])
+
+
+def test_untokenized_requests_are_fallback():
+    d = make().pick(request("raw", tokenized=False), PODS, IDLE)
+    assert d.reason == "fallback" and d.endpoint == HashRing(PODS).walk(hashlib.sha256(b"raw").digest())[0]
+
+
+def test_two_replicas_agree_given_the_same_inputs():
+    """Two pickers built separately, fed the same feed events, loads and
+    endpoint sets (in different orders), make the same choices."""
+    a, b = PrefixIndex(), PrefixIndex()
+    for index in (a, b):
+        for i, pod in enumerate(PODS):
+            index.stored(pod, chain(f"doc{i}", 2 + i))
+    pa, pb = make(a), make(b)
+    for i in range(300):
+        req = request(f"doc{i % 6}", n_blocks=5)
+        loads = {p: (i * 7 + j) % 3 for j, p in enumerate(PODS)}
+        da = pa.pick(req, PODS, loads)
+        db = pb.pick(req, list(reversed(PODS)), dict(reversed(list(loads.items()))))
+        assert (da.endpoints, da.reason) == (db.endpoints, db.reason)
+
+
+def test_baselines():
+    rr = RoundRobinPicker()
+    assert [rr.pick(request("a"), PODS, IDLE).endpoint for _ in range(5)] == sorted(PODS) + [sorted(PODS)[0]]
+    ll = LeastLoadPicker(RingCache())
+    loads = {PODS[0]: 2, PODS[1]: 0, PODS[2]: 1, PODS[3]: 0}
+    d = ll.pick(request("a"), PODS, loads)
+    assert d.endpoint in (PODS[1], PODS[3]) and d.reason == "least_load"
+    assert d.endpoints[-1] == PODS[0]
+
+
+def test_predicted_cached_tokens_never_covers_the_last_token():
+    assert predicted_cached_tokens(4, 64, 16) == 48   # exactly 4 blocks: the 4th holds the last token
+    assert predicted_cached_tokens(4, 65, 16) == 64
+    assert predicted_cached_tokens(2, 100, 16) == 32
+    assert predicted_cached_tokens(3, 0, 16) == 0
