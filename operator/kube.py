@@ -1,0 +1,97 @@
+"""A small Kubernetes client for the operator: get, list, server-side apply, delete.
+
+Objects stay plain dicts end to end (the builders' output is applied as is);
+the official client only carries auth, TLS and retries of the connection.
+Calls block, so handlers that use it are sync: kopf runs them in threads.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+
+from pagedkube.operator import naming
+
+# kind -> plural, for every kind the operator reads or writes.
+PLURALS = {
+    "Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
+    "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
+    "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
+    naming.KIND: naming.PLURAL,
+}
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
+MERGE_CONTENT_TYPE = "application/merge-patch+json"
+
+
+def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{PLURALS[kind]}"
+    return f"{base}/{name}" if name else base
+
+
+def object_path(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return api_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+
+
+def default_api_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials, else ~/.kube/config (as kopf's own login does)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api_client: kubernetes.client.ApiClient, field_manager: str = naming.FIELD_MANAGER):
+        self.api_client = api_client
+        self.field_manager = field_manager
+
+    def _call(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+              body: Any = None, content_type: str = "application/json") -> Any:
+        response = self.api_client.call_api(
+            path, method, query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
+        data = response.data
+        return json.loads(data) if data else None
+
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", api_path(api_version, kind, namespace, name))
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str | None,
+             label_selector: str = "") -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        result = self._call("GET", api_path(api_version, kind, namespace), query=query)
+        return list(result.get("items") or [])
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply as our field manager, taking over conflicting fields (force)."""
+        query = [("fieldManager", self.field_manager), ("force", "true")]
+        return self._call("PATCH", object_path(obj), query=query, body=obj, content_type=APPLY_CONTENT_TYPE)
+
+    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        try:
+            self._call("DELETE", api_path(api_version, kind, namespace, name),
+                       body={"propagationPolicy": "Background"})
+            return True
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        path = api_path(naming.API_VERSION, naming.KIND, namespace, name) + "/status"
+        self._call("PATCH", path, body={"status": status}, content_type=MERGE_CONTENT_TYPE)
+
+    def crd_exists(self, name: str) -> bool:
+        return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, name) is not None

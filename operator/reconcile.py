@@ -1,0 +1,128 @@
+"""Reconciliation: desired children -> server-side apply, status from what runs.
+
+Handlers (handlers.py) only route kopf's callbacks here. Everything talks to
+the cluster through `Kube` and reports through `emit(body, type, reason,
+message)`, so tests can drive it against an emulated API server.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pagedkube.operator import naming
+from pagedkube.operator.builders import build_children
+from pagedkube.operator.builders.monitoring import SERVICEMONITOR_CRD
+from pagedkube.operator.drift import needs_apply, with_hash
+from pagedkube.operator.kube import Kube
+from pagedkube.operator.spec import LLMServiceSpec
+from pagedkube.operator.status import compute_status
+
+Emit = Callable[[Mapping[str, Any], str, str, str], None]   # (body, "Normal"|"Warning", reason, message)
+
+
+def utcnow() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def child_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    emit: Emit
+    now: Callable[[], str] = utcnow
+
+    def desired(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Raises ValueError for an invalid spec."""
+        svc = LLMServiceSpec.from_body(body)
+        with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
+        return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor)]
+
+    def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Applies every child that differs from its desired state; returns the new status."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            children = self.desired(body)
+        except ValueError as e:
+            self.emit(body, "Warning", "InvalidSpec", str(e))
+            return self.status(body, invalid_spec=str(e))
+        for child in children:
+            self._sync(body, child, self.kube.get(*self._where(child, namespace)))
+        monitored = any(c["kind"] == "ServiceMonitor" for c in children)
+        if not monitored and self.kube.crd_exists(SERVICEMONITOR_CRD):  # monitoring switched off
+            if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):
+                self.emit(body, "Normal", "Deleted", f"ServiceMonitor {name}")
+        return self.status(body)
+
+    def sync_child(self, owner: Mapping[str, Any], live: Mapping[str, Any], deleted: bool) -> bool:
+        """A child changed or vanished: put it back if it drifted. True if it was re-applied."""
+        if owner["metadata"].get("deletionTimestamp"):
+            return False  # the owner is going away; let the garbage collector finish
+        try:
+            children = self.desired(owner)
+        except ValueError:
+            return False
+        key = child_key(live)
+        for child in children:
+            if child_key(child) == key:
+                return self._sync(owner, child, None if deleted else live, restoring=True)
+        return False
+
+    def _where(self, child: Mapping[str, Any], namespace: str) -> tuple[str, str, str, str]:
+        return child["apiVersion"], child["kind"], namespace, child["metadata"]["name"]
+
+    def _sync(self, owner: Mapping[str, Any], child: dict[str, Any], live: Mapping[str, Any] | None,
+              restoring: bool = False) -> bool:
+        if not needs_apply(child, live):
+            return False
+        self.kube.apply(child)
+        what = f"{child['kind']} {child['metadata']['name']}"
+        if restoring:
+            self.emit(owner, "Normal", "Restored", f"{what} was {'deleted' if live is None else 'edited'}; "
+                                                  f"re-applied")
+        else:
+            self.emit(owner, "Normal", "Created" if live is None else "Updated", what)
+        return True
+
+    def status(self, body: Mapping[str, Any], invalid_spec: str | None = None) -> dict[str, Any]:
+        meta, spec = body["metadata"], body.get("spec") or {}
+        namespace, name = meta["namespace"], meta["name"]
+        deployment = self.kube.get("apps/v1", "Deployment", namespace, naming.engine_name(name))
+        pods = self.kube.list("v1", "Pod", namespace, naming.engine_selector(name)) if deployment else []
+        old = body.get("status") or {}
+        new = compute_status(
+            name=name, namespace=namespace, generation=int(meta.get("generation") or 0),
+            desired_replicas=int(spec.get("replicas", 1)), deployment=deployment, pods=pods,
+            old_conditions=old.get("conditions") or [], now=self.now(), invalid_spec=invalid_spec)
+        self._announce(body, old.get("conditions") or [], new["conditions"])
+        return new
+
+    def refresh_status(self, body: Mapping[str, Any]) -> None:
+        """Status of an LLMService from outside its own handlers (a child changed)."""
+        try:
+            LLMServiceSpec.from_body(body)
+            invalid = None
+        except ValueError as e:
+            invalid = str(e)
+        new = self.status(body, invalid_spec=invalid)
+        old = body.get("status") or {}
+        if any(old.get(k) != v for k, v in new.items()):
+            self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
+
+    def _announce(self, body: Mapping[str, Any], old: list[Mapping[str, Any]], new: list[dict[str, Any]]) -> None:
+        """An Event whenever Ready or Degraded changes status or reason."""
+        before = {c.get("type"): (c.get("status"), c.get("reason")) for c in old}
+        for cond in new:
+            if cond["type"] == "Progressing" or before.get(cond["type"]) == (cond["status"], cond["reason"]):
+                continue
+            bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
+            self.emit(body, "Warning" if bad else "Normal", cond["reason"], cond["message"])
+
+
+def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Emit through kopf: a Kubernetes Event on the LLMService (safe from handler threads)."""
+    import kopf  # the only kopf use here; tests pass their own emit
+    kopf.event(dict(body), type=type_, reason=reason, message=message)
