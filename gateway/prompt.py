@@ -55,11 +55,15 @@ def _content_text(content: Any) -> str:
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as the engine server hands them to the template
+    (engine/server/protocol.py ChatMessage.to_template): developer -> system,
+    text parts joined, None content -> "", only role, content and name."""
     out = []
     for m in messages:
-        msg = dict(m)
-        if "content" in msg:
-            msg["content"] = _content_text(msg["content"])
+        role = m.get("role")
+        msg = {"role": "system" if role == "developer" else role, "content": _content_text(m.get("content"))}
+        if m.get("name") is not None:
+            msg["name"] = m["name"]
         out.append(msg)
     return out
 
@@ -137,7 +141,7 @@ class PromptHasher:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of prompts routes by its first
         if isinstance(prompt, str):
-            return tok.encode(prompt, add_special_tokens=True), None
+            return tok.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False), None
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt), None
         return [], None

@@ -1,0 +1,107 @@
+"""EndpointSet (states, loads, ejection), EndpointSlice parsing, feed/metrics parsing."""
+import asyncio
+
+import pytest
+
+from pagedkube.gateway.discovery import SliceSet, normalize_url, slice_endpoints
+from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.engine_watch import parse_waiting
+from pagedkube.gateway.metrics import SSEUsageScanner
+
+A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
+
+
+def test_states_loads_and_passive_ejection():
+    now = [0.0]
+    changes = []
+    eps = EndpointSet(eject_after_failures=2, eject_seconds=10, clock=lambda: now[0])
+    eps.subscribe(lambda added, removed: changes.append((sorted(added), sorted(removed))))
+    eps.update({A: "ready", B: "ready", C: "not_ready"})
+    assert eps.routable() == [A, B] and changes == [([A, B, C], [])]
+    eps.acquire(A), eps.acquire(A), eps.set_waiting(A, 3), eps.acquire(B), eps.release(B), eps.release(B)
+    assert eps.loads() == {A: 5, B: 0, C: 0}
+    assert eps.report_failure(B) is False and eps.routable() == [A, B]
+    eps.report_success(B)
+    assert eps.report_failure(B) is False and eps.report_failure(B) is True
+    assert eps.routable() == [A] and eps.counts_by_state() == {"ready": 1, "not_ready": 1, "terminating": 0,
+                                                                "ejected": 1}
+    now[0] = 10.5
+    assert eps.routable() == [A, B]
+    eps.set_discovered(A, "not_ready")
+    eps.update({B: "ready", C: "terminating"})
+    assert eps.routable() == [B] and changes[-1] == ([], [A]) and eps.loads() == {B: 0, C: 0}
+    eps.release(A)  # a request finishing on a removed endpoint is fine
+    with pytest.raises(ValueError):
+        eps.update({A: "sleepy"})
+
+
+def test_wait_routable_holds_until_an_endpoint_is_ready():
+    async def main():
+        eps = EndpointSet()
+        eps.update({A: "not_ready"})
+        assert await eps.wait_routable(0) == []
+        asyncio.get_running_loop().call_later(0.05, eps.set_discovered, A, "ready")
+        return await eps.wait_routable(5)
+
+    assert asyncio.run(main()) == [A]
+
+
+SLICE = {
+    "metadata": {"name": "engine-abc"},
+    "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8000}],
+    "endpoints": [
+        {"addresses": ["10.0.0.1"], "conditions": {"ready": True, "serving": True, "terminating": False}},
+        {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+        {"addresses": ["10.0.0.3"], "conditions": {"ready": False, "serving": True, "terminating": True}},
+        {"addresses": ["10.0.0.4"], "conditions": {}},
+        {"addresses": ["fd00::5"], "conditions": {"ready": True}},
+        {"addresses": [], "conditions": {"ready": True}},
+    ],
+}
+
+
+def test_endpointslice_states():
+    assert slice_endpoints(SLICE) == {
+        "http://10.0.0.1:8000": "ready", "http://10.0.0.2:8000": "not_ready",
+        "http://10.0.0.3:8000": "terminating", "http://10.0.0.4:8000": "ready", "http://[fd00::5]:8000": "ready"}
+    assert slice_endpoints({"ports": [{"name": "grpc", "port": 1}, {"name": "x", "port": 2}]}) == {}
+
+
+def test_slices_merge_and_delete():
+    slices = SliceSet()
+    other = {"metadata": {"name": "engine-def"}, "ports": [{"name": "http", "port": 8000}],
+             "endpoints": [{"addresses": ["10.0.0.2"], "conditions": {"ready": True}},
+                           {"addresses": ["10.0.0.9"], "conditions": {"ready": True}}]}
+    slices.apply("ADDED", SLICE)
+    merged = slices.apply("ADDED", other)
+    assert merged["http://10.0.0.2:8000"] == "ready" and merged["http://10.0.0.9:8000"] == "ready"
+    merged = slices.apply("DELETED", SLICE)
+    assert merged == {"http://10.0.0.2:8000": "ready", "http://10.0.0.9:8000": "ready"}
+
+
+def test_normalize_url():
+    assert normalize_url(" 127.0.0.1:8000/ ") == "http://127.0.0.1:8000"
+    assert normalize_url("https://x:1") == "https://x:1"
+    for bad in ("", "ftp://x"):
+        with pytest.raises(ValueError):
+            normalize_url(bad)
+
+
+def test_parse_waiting_sums_label_sets():
+    text = ('# HELP vllm:num_requests_waiting Requests waiting\n# TYPE vllm:num_requests_waiting gauge\n'
+            'vllm:num_requests_waiting{model_name="a"} 3.0\nvllm:num_requests_waiting{model_name="b"} 2.0\n'
+            'vllm:num_requests_running{model_name="a"} 7.0\n')
+    assert parse_waiting(text) == 5 and parse_waiting("") == 0
+
+
+def test_sse_usage_scanner_reads_usage_split_across_chunks():
+    stream = (b'data: {"choices": [{"text": "hi"}], "usage": null}\n\n'
+              b'data: {"choices": [], "usage": {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}}'
+              b'\n\ndata: [DONE]\n\n')
+    scanner = SSEUsageScanner()
+    for i in range(0, len(stream), 7):
+        scanner.feed(stream[i:i + 7])
+    assert scanner.cached_tokens == 32
+    none = SSEUsageScanner()
+    none.feed(stream[:60])
+    assert none.cached_tokens is None

@@ -1,0 +1,86 @@
+"""PromptHasher: the engine's chained block hashes, ring keys, fallback."""
+import pytest
+
+from pagedkube import hashing
+from pagedkube.gateway.prompt import PromptHasher, raw_text, template_messages
+from pagedkube.tokenizer import Tokenizer
+
+SYSTEM = {"role": "system", "content": "You are a helpful pet-care assistant. " * 4}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_tokenizer_files) -> Tokenizer:
+    return Tokenizer(small_tokenizer_files)
+
+
+def session(profile: str, turns: int) -> list[dict]:
+    messages = [SYSTEM, {"role": "user", "content": f"My dog is {profile}. How often should I feed him?"}]
+    for t in range(1, turns):
+        messages += [{"role": "assistant", "content": f"Twice a day, answer {t}."},
+                     {"role": "user", "content": f"And follow-up question {t}?"}]
+    return messages
+
+
+def test_chat_hashes_are_the_engines(tokenizer):
+    hasher = PromptHasher(tokenizer, block_size=4)
+    messages = session("Rex, a beagle", 2)
+    ri = hasher.routing_input("chat", {"messages": messages}, "tenant-a")
+    ids = tokenizer.encode_chat(template_messages(messages))
+    assert ri.num_prompt_tokens == len(ids) and ri.tokenized
+    assert list(ri.block_hashes) == hashing.block_hashes(ids, 4, cache_salt="tenant-a")
+    assert len(ri.block_hashes) == len(ids) // 4 > 0
+
+
+def test_content_parts_and_developer_role_render_as_the_server_does(tokenizer):
+    hasher = PromptHasher(tokenizer, block_size=4)
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Be kind."}, {"type": "text", "text": "Hi"}]},
+             {"role": "user", "content": "Rex?"}]
+    plain = [{"role": "system", "content": "Be kind.\nHi"}, {"role": "user", "content": "Rex?"}]
+    assert hasher.routing_input("chat", {"messages": parts}, None) == hasher.routing_input(
+        "chat", {"messages": plain}, None)
+
+
+def test_a_session_keeps_its_ring_key_and_sessions_differ(tokenizer):
+    hasher = PromptHasher(tokenizer, block_size=4)
+    keys = [hasher.routing_input("chat", {"messages": session("Rex, a beagle", t)}, None).ring_key for t in (1, 2, 5)]
+    assert keys[0] == keys[1] == keys[2]
+    other = hasher.routing_input("chat", {"messages": session("Bella, a poodle", 1)}, None).ring_key
+    assert other != keys[0]
+
+
+def test_salt_changes_every_hash_and_the_key(tokenizer):
+    hasher = PromptHasher(tokenizer, block_size=4)
+    body = {"messages": session("Rex", 1)}
+    a, b = hasher.routing_input("chat", body, "tenant-a"), hasher.routing_input("chat", body, "tenant-b")
+    assert not set(a.block_hashes) & set(b.block_hashes)
+    assert a.ring_key != b.ring_key
+
+
+def test_completion_key_is_the_hash_of_the_first_k_blocks(tokenizer):
+    hasher = PromptHasher(tokenizer, block_size=4, ring_key_blocks=3)
+    doc = "My dog Rex is a 3 year old beagle who loves walks. " * 3
+    a = hasher.routing_input("completion", {"prompt": doc + "Question one?"}, None)
+    b = hasher.routing_input("completion", {"prompt": doc + "Another question entirely?"}, None)
+    ids = tokenizer.encode(doc + "Question one?")
+    assert list(a.block_hashes) == hashing.block_hashes(ids, 4)
+    assert a.ring_key == a.block_hashes[2] == b.ring_key
+    by_ids = hasher.routing_input("completion", {"prompt": ids}, None)
+    assert by_ids.block_hashes == a.block_hashes
+    batch = hasher.routing_input("completion", {"prompt": [doc + "Question one?", "x"]}, None)
+    assert batch.block_hashes == a.block_hashes
+    short = hasher.routing_input("completion", {"prompt": [5, 6]}, None)
+    assert short.block_hashes == () and short.tokenized and len(short.ring_key) == 32
+
+
+def test_no_tokenizer_or_bad_template_falls_back_to_raw_text(tokenizer):
+    body = {"messages": session("Rex", 1)}
+    ri = PromptHasher(None).routing_input("chat", body, None)
+    assert not ri.tokenized and ri.block_hashes == ()
+    assert ri == PromptHasher(None).routing_input("chat", {"messages": session("Rex", 3)}, None)  # turn-stable
+    assert raw_text("chat", body).startswith("system: You are")
+    hasher = PromptHasher(tokenizer, block_size=4)
+    broken = PromptHasher(Tokenizer({"tokenizer.json": tokenizer.files["tokenizer.json"]}), block_size=4)
+    assert not broken.routing_input("chat", body, None).tokenized  # no chat template: fallback, no error
+    assert not hasher.routing_input("completion", {"prompt": {"not": "a prompt"}}, None).tokenized
+    with pytest.raises(ValueError):
+        PromptHasher(tokenizer, block_size=0)
