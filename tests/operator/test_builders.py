@@ -1,0 +1,216 @@
+"""The operator's pure builders: exact children, valid against Kubernetes 1.37 (strict)."""
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from pagedkube import __version__
+from pagedkube.operator import naming
+from pagedkube.operator.builders import build_children
+from pagedkube.operator.builders.model import DOWNLOAD_SCRIPT
+from pagedkube.operator.spec import LLMServiceSpec
+
+K8S_VERSION = "1.37"
+UID = "0b9e3a4c-1111-2222-3333-444455556666"
+
+
+def body(spec: dict, name: str = "demo", namespace: str = "team-a") -> dict:
+    return {"apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
+            "metadata": {"name": name, "namespace": namespace, "uid": UID, "generation": 3}, "spec": spec}
+
+
+SPECS = {
+    "builtin-cpu": {"model": {"source": "builtin://tiny"}},
+    "hf-gpu-autoscaled": {
+        "model": {"name": "qwen", "source": "hf://Qwen/Qwen2.5-0.5B-Instruct@main",
+                  "hfTokenSecretRef": {"name": "hf"}},
+        "replicas": 2,
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 8, "targetQueueDepth": 2.5},
+        "engine": {"resources": {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}},
+                   "maxModelLen": 4096, "extraArgs": ["--max-waiting", "64"],
+                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                   "nodeSelector": {"gpu": "h100"}},
+        "gateway": {"replicas": 2, "apiKeySecretRef": {"name": "keys"},
+                    "routing": {"policy": "least-load", "loadBound": 1.5}},
+    },
+    "pvc-vllm": {"model": {"source": "pvc://weights/llama/8b"},
+                 "engine": {"runtime": "vllm", "blockSize": 32}},
+}
+
+
+def children(spec_name: str, with_service_monitor: bool = True) -> dict[str, dict]:
+    svc = LLMServiceSpec.from_body(body(SPECS[spec_name]))
+    return {f"{c['kind']}/{c['metadata']['name']}": c
+            for c in build_children(svc, with_service_monitor=with_service_monitor)}
+
+
+@pytest.mark.parametrize("spec_name", sorted(SPECS))
+def test_every_child_is_valid_kubernetes_and_owned(spec_name: str) -> None:
+    objs = children(spec_name)
+    assert sorted(objs) == [
+        "Deployment/demo-engine", "Deployment/demo-gateway", "PodDisruptionBudget/demo-engine",
+        "Role/demo-gateway", "RoleBinding/demo-gateway", "Service/demo", "Service/demo-engine",
+        "ServiceAccount/demo-gateway", "ServiceMonitor/demo"]
+    for key, obj in objs.items():
+        if obj["kind"] != "ServiceMonitor":  # not in the Kubernetes schemas; checked below
+            assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION, key
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService", "name": "demo", "uid": UID,
+            "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "pagedkube-operator"
+        assert meta["labels"]["pagedkube.io/llmservice"] == "demo"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "demo"
+
+
+def test_strict_validation_really_rejects_unknown_fields() -> None:
+    deployment = children("builtin-cpu")["Deployment/demo-engine"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_status_selector_selects_the_engine_pods_and_nothing_else() -> None:
+    objs = children("builtin-cpu")
+    selector = dict(part.split("=") for part in naming.engine_selector("demo").split(","))
+    engine_pod_labels = objs["Deployment/demo-engine"]["spec"]["template"]["metadata"]["labels"]
+    gateway_pod_labels = objs["Deployment/demo-gateway"]["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= engine_pod_labels.items()
+    assert not selector.items() <= gateway_pod_labels.items()
+    assert objs["Deployment/demo-engine"]["spec"]["selector"]["matchLabels"] == selector
+    assert objs["Service/demo-engine"]["spec"]["selector"] == selector
+    assert objs["PodDisruptionBudget/demo-engine"]["spec"]["selector"]["matchLabels"] == selector
+    assert naming.engine_selector("demo") == (
+        "app.kubernetes.io/component=engine,app.kubernetes.io/instance=demo,app.kubernetes.io/name=pagedkube")
+
+
+def test_builtin_engine_on_cpu() -> None:
+    d = children("builtin-cpu")["Deployment/demo-engine"]
+    pod = d["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert d["spec"]["replicas"] == 1
+    assert c["image"] == f"ghcr.io/pagedkube/engine:{__version__}"
+    assert c["command"] == ["pagedkube"]
+    assert c["args"] == ["serve", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8000",
+                         "--block-size", "16", "--max-num-seqs", "256", "--drain-timeout", "30"]
+    assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 10
+    assert c["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert "initContainers" not in pod
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
+    objs = children("hf-gpu-autoscaled")
+    d = objs["Deployment/demo-engine"]
+    pod = d["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (c,) = pod["containers"]
+    assert d["spec"]["replicas"] == 2
+    assert init["name"] == "model-download"
+    assert init["image"] == c["image"]
+    assert init["command"] == ["python3", "-c", DOWNLOAD_SCRIPT]
+    assert init["args"] == ["Qwen/Qwen2.5-0.5B-Instruct", "main", "/models/model"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in init["env"]
+    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
+                         "--host", "0.0.0.0", "--port", "8000", "--block-size", "16", "--max-num-seqs", "256",
+                         "--max-model-len", "4096", "--drain-timeout", "30", "--device", "cuda",
+                         "--max-waiting", "64"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}}
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() -> None:
+    objs = children("hf-gpu-autoscaled")
+    g = objs["Deployment/demo-gateway"]
+    pod = g["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert g["spec"]["replicas"] == 2
+    assert pod["serviceAccountName"] == "demo-gateway"
+    assert c["image"] == f"ghcr.io/pagedkube/gateway:{__version__}"
+    assert c["args"] == ["gateway", "--kube-service", "demo-engine", "--namespace", "team-a",
+                         "--host", "0.0.0.0", "--port", "8080", "--routing", "least-load", "--load-bound", "1.5",
+                         "--api-keys", "/etc/pagedkube/api-keys/api-keys.yaml",
+                         "--autoscale", "--llmservice", "demo", "--min-replicas", "1", "--max-replicas", "8",
+                         "--target-queue-depth", "2.5", "--scale-up-window", "0", "--scale-down-window", "300"]
+    assert {"name": "api-keys", "secret": {"secretName": "keys", "items": [
+        {"key": "api-keys.yaml", "path": "api-keys.yaml"}]}} in pod["volumes"]
+    assert {"name": "api-keys", "mountPath": "/etc/pagedkube/api-keys", "readOnly": True} in c["volumeMounts"]
+    svc = objs["Service/demo"]["spec"]
+    assert svc["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["selector"] == naming.selector_labels("demo", "gateway")
+    engine_svc = objs["Service/demo-engine"]["spec"]
+    assert engine_svc["clusterIP"] == "None"
+    assert engine_svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
+    objs = children("builtin-cpu")
+    assert objs["Role/demo-gateway"]["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["pagedkube.io"], "resources": ["llmservices/scale"], "verbs": ["get", "patch"],
+         "resourceNames": ["demo"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    ]
+    binding = objs["RoleBinding/demo-gateway"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "demo-gateway"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-gateway", "namespace": "team-a"}]
+
+
+def test_vllm_runtime_runs_the_upstream_image_with_equivalent_arguments() -> None:
+    objs = children("pvc-vllm")
+    pod = objs["Deployment/demo-engine"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == naming.VLLM_IMAGE
+    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert c["args"] == ["--model", "/models/llama/8b", "--served-model-name", "8b", "--host", "0.0.0.0",
+                         "--port", "8000", "--block-size", "32", "--max-num-seqs", "256", "--enable-prefix-caching"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["ports"][0]["containerPort"] == 8000
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}} in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # Same Service and gateway; the gateway falls back to the ring without a cache feed.
+    assert objs["Service/demo-engine"]["spec"]["ports"][0]["port"] == 8000
+    assert "--kube-service" in objs["Deployment/demo-gateway"]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_service_monitor_scrapes_both_parts_only_when_the_crd_exists() -> None:
+    sm = children("builtin-cpu")["ServiceMonitor/demo"]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"] == {"selector": {"matchLabels": {"app.kubernetes.io/name": "pagedkube",
+                                                       "app.kubernetes.io/instance": "demo"}},
+                          "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}
+    assert "ServiceMonitor/demo" not in children("builtin-cpu", with_service_monitor=False)
+
+
+def test_pdb_allows_draining_one_engine_at_a_time() -> None:
+    assert children("builtin-cpu")["PodDisruptionBudget/demo-engine"]["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({}, "spec.model.source is required"),
+    ({"model": {"source": "s3://bucket/model"}}, "is not hf://ORG/NAME"),
+    ({"model": {"source": "builtin://tiny"}, "engine": {"runtime": "vllm"}}, "vllm cannot serve builtin"),
+    ({"model": {"source": "builtin://tiny"}, "replicas": 9, "autoscaling": {"enabled": True, "maxReplicas": 4}},
+     "must lie within autoscaling"),
+    ({"model": {"source": "builtin://tiny"}, "autoscaling": {"minReplicas": 5, "maxReplicas": 4}}, "exceeds"),
+    ({"model": {"source": "builtin://tiny"}, "engine": {"blockSize": 12}}, "blockSize must be one of"),
+    ({"model": {"source": "builtin://tiny"}, "gateway": {"routing": {"loadBound": 0.5}}}, "loadBound"),
+])
+def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLMServiceSpec.from_body(body(spec))
