@@ -53,7 +53,9 @@ def family_config(family: str, **overrides: Any):
     return cls(**{**_COMMON, **kw, **overrides})
 
 
-def make_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
+def make_tiny_model(family: str, path: str | Path, *, seed: int = 0, max_shard_size: str | None = None,
+                    **overrides: Any) -> Path:
+    """Save a random tiny `family` model to `path`; max_shard_size (e.g. "40KB") shards it."""
     import transformers as tf
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,7 @@ def make_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides
                 param.add_(0.1 * torch.randn_like(param))
             elif name.endswith(".bias"):
                 param.normal_(0.0, 0.1)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             if (tokenizer_dir / name).is_file():

@@ -1,0 +1,186 @@
+"""The model side of an engine step (docs/interfaces.md, "Engine: runner seam").
+
+The runner owns the model, the paged KV pool and the sampler's generator. Per
+step it packs the scheduled tokens of every sequence into one flat batch, runs
+the decoder once, and samples only where a sequence reaches its last known
+token. It keeps no per-request state: everything it needs is on the Sequence
+(token_ids, num_computed_tokens, block_table, params, sample_index,
+num_output_tokens), so preemption or abort need nothing from it.
+
+Step layout for two sequences, A computing 3 new tokens from position 5 and B
+decoding 1 token at position 9, block_size 4:
+
+    input_ids      [a5 a6 a7 | b9]           query_start_loc [0, 3, 4]
+    positions      [ 5  6  7 |  9]           seq_lens        [8, 10]
+    slot_mapping   [bt_A[1]*4+1, bt_A[1]*4+2, bt_A[1]*4+3 | bt_B[2]*4+1]
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import import_module
+from types import ModuleType
+
+import torch
+
+from pagedkube.engine.attention.metadata import AttentionMetadata
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.loader import load_model, resolve_dtype
+from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.sampler import Sampler
+from pagedkube.engine.sequence import SampleOutput, ScheduledSeq
+
+log = logging.getLogger(__name__)
+
+# CPU: a laptop-friendly pool; 512 MiB holds ~1M tokens of the built-in model and
+# ~5.5K tokens of Qwen2.5-0.5B in float32 (24 layers x 2 x 2 heads x 64 x 4 B = 24 KiB/token).
+DEFAULT_CPU_KV_BYTES = 512 * 2**20
+# CUDA: the share of the memory still free after the weights are loaded. vLLM reserves
+# gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
+# activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
+CUDA_FREE_MEMORY_FRACTION = 0.9
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def select_backend(name: str, device: torch.device) -> ModuleType:
+    """"torch": the reference; "triton": the kernels (CUDA); "auto": triton on CUDA when importable."""
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
+        return import_module("pagedkube.engine.attention.torch_ref")
+    try:
+        return import_module("pagedkube.engine.attention.triton_backend")
+    except ImportError as e:
+        if name == "triton":
+            raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
+        log.warning("triton attention backend unavailable (%s); using the torch reference", e)
+        return import_module("pagedkube.engine.attention.torch_ref")
+
+
+def resolve_model_dir(model: str | None) -> str:
+    try:
+        from pagedkube.builtin import resolve_model
+    except ImportError:
+        if model is None:
+            raise ValueError("no model given and the built-in model (pagedkube.builtin) is not installed") from None
+        return model
+    return str(resolve_model(model))
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor      # [T]
+    positions: torch.Tensor      # [T]
+    meta: AttentionMetadata
+    sample_items: list[int]      # batch indices that sample this step
+    sample_token_index: torch.Tensor  # [len(sample_items)] row of each one's last token in the flat batch
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
+        self.block_size = config.block_size
+        self.backend = select_backend(config.attention_backend, self.device)
+        self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len)
+        self.num_kv_blocks = self._num_kv_blocks()
+        cfg = self.model_config
+        shape = (self.num_kv_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(cfg.num_hidden_layers)]
+        generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.sampler = Sampler(cfg.eos_token_ids, generator)
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        bytes_per_block = self.model_config.kv_bytes_per_block(self.block_size, self.dtype.itemsize)
+        budget = self.config.kv_cache_memory
+        cap = None
+        if budget is None:
+            blocks_per_seq = -(-self.max_model_len // self.block_size)
+            cap = self.config.max_num_seqs * blocks_per_seq   # more than every sequence at full length is waste
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = int(free * CUDA_FREE_MEMORY_FRACTION)
+            else:
+                budget = DEFAULT_CPU_KV_BYTES
+        num_blocks = budget // bytes_per_block if cap is None else min(budget // bytes_per_block, cap)
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")
+        return num_blocks
+
+    def execute(self, batch: list[ScheduledSeq]) -> list[SampleOutput | None]:
+        if not batch:
+            return []
+        step = self.prepare(batch)
+        outputs: list[SampleOutput | None] = [None] * len(batch)
+        with torch.inference_mode():
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            if step.sample_items:
+                logits = self.model.compute_logits(hidden[step.sample_token_index])
+                samples = self.sampler(logits, [batch[i].seq for i in step.sample_items])
+                for i, sample in zip(step.sample_items, samples):
+                    outputs[i] = sample
+        return outputs
+
+    def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
+        """Flat step tensors from the batch: Python builds per-sequence lists once,
+        torch ops expand them to per-token positions and slots."""
+        bs = self.block_size
+        token_ids: list[int] = []
+        starts, q_lens, block_tables = [], [], []
+        for item in batch:
+            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            end = start + n
+            if n < 1 or end > seq.num_tokens:
+                raise ValueError(f"request {seq.request_id}: cannot compute tokens [{start}, {end}) "
+                                 f"of a sequence with {seq.num_tokens}")
+            if end > self.max_model_len:
+                raise ValueError(f"request {seq.request_id}: {end} tokens exceed max_model_len {self.max_model_len}")
+            num_blocks = -(-end // bs)
+            if len(seq.block_table) < num_blocks:
+                raise ValueError(f"request {seq.request_id}: block_table has {len(seq.block_table)} blocks, "
+                                 f"{end} tokens need {num_blocks}")
+            token_ids += seq.token_ids[start:end]
+            starts.append(start)
+            q_lens.append(n)
+            block_tables.append(seq.block_table[:num_blocks])
+        width = max(len(bt) for bt in block_tables)
+        tables = torch.tensor([bt + [0] * (width - len(bt)) for bt in block_tables], dtype=torch.int64)
+        if int(tables.max()) >= self.num_kv_blocks or int(tables.min()) < 0:
+            raise ValueError(f"block ids must be in [0, {self.num_kv_blocks}), got {block_tables}")
+        q_lens_t = torch.tensor(q_lens, dtype=torch.int64)
+        starts_t = torch.tensor(starts, dtype=torch.int64)
+        query_start_loc = torch.zeros(len(batch) + 1, dtype=torch.int64)
+        torch.cumsum(q_lens_t, 0, out=query_start_loc[1:])
+        seq_index = torch.repeat_interleave(torch.arange(len(batch)), q_lens_t)
+        positions = torch.arange(len(token_ids)) - query_start_loc[seq_index] + starts_t[seq_index]
+        slot_mapping = tables[seq_index, positions // bs] * bs + positions % bs
+        seq_lens = starts_t + q_lens_t
+        sample_items = [i for i, item in enumerate(batch) if item.sample]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            query_start_loc=query_start_loc.to(dev, torch.int32),
+            seq_lens=seq_lens.to(dev, torch.int32),
+            block_tables=tables.to(dev, torch.int32),
+            max_query_len=max(q_lens),
+            max_seq_len=int(seq_lens.max()),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(token_ids, dtype=torch.int64).to(dev),
+            positions=positions.to(dev),
+            meta=meta,
+            sample_items=sample_items,
+            sample_token_index=(query_start_loc[1:][sample_items] - 1).to(dev),
+        )

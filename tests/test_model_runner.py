@@ -1,0 +1,193 @@
+"""ModelRunner against Hugging Face transformers, in float32 on CPU.
+
+Several sequences of different lengths share one flat batch, their blocks are
+scattered through the pool, and prefill is chunked across two steps; every
+token's logits must equal HF's full-sequence forward. Greedy decoding through
+execute() with a trivial block allocator must reproduce HF's generate.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from model_factory import FAMILIES, load_hf_model, make_tiny_model
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.model_runner import DEFAULT_CPU_KV_BYTES, ModelRunner
+from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.engine.sequence import ScheduledSeq, Sequence
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+VARIANTS = {name: (name, {}) for name in FAMILIES}
+VARIANTS["llama-linear-rope"] = ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+VARIANTS["qwen2-sharded"] = ("qwen2", {"max_shard_size": "40KB"})
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def model_dir(request, tmp_path_factory):
+    family, overrides = VARIANTS[request.param]
+    return make_tiny_model(family, tmp_path_factory.mktemp(request.param), **overrides)
+
+
+def make_runner(path, **overrides) -> ModelRunner:
+    kw = dict(model=str(path), device="cpu", attention_backend="torch", block_size=BLOCK_SIZE,
+              num_kv_blocks=NUM_BLOCKS, max_num_seqs=4)
+    return ModelRunner(EngineConfig(**{**kw, **overrides}))
+
+
+def make_seq(name: str, token_ids: list[int], block_table: list[int]) -> Sequence:
+    return Sequence(request_id=name, prompt_token_ids=token_ids,
+                    params=SamplingParams(temperature=0.0), block_table=block_table)
+
+
+def step_logits(runner: ModelRunner, batch: list[ScheduledSeq]) -> list[torch.Tensor]:
+    """Every new token's logits, split per item (the runner itself only computes sampled rows)."""
+    step = runner.prepare(batch)
+    with torch.inference_mode():
+        hidden = runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+        logits = runner.model.compute_logits(hidden)
+    return list(logits.split([item.num_new_tokens for item in batch]))
+
+
+def test_logits_match_hf_with_scattered_blocks_and_chunked_prefill(model_dir):
+    runner = make_runner(model_dir)
+    hf = load_hf_model(model_dir)
+    rng = random.Random(0)
+    vocab = runner.model_config.vocab_size
+    blocks = rng.sample(range(NUM_BLOCKS), NUM_BLOCKS)           # scattered, interleaved owners
+    lengths = {"a": 13, "b": 7, "c": 21}
+    seqs = {}
+    for name, n in lengths.items():
+        need = -(-(n + 1) // BLOCK_SIZE)
+        seqs[name] = make_seq(name, [rng.randrange(vocab) for _ in range(n)], [blocks.pop() for _ in range(need)])
+    a, b, c = seqs["a"], seqs["b"], seqs["c"]
+    got = {name: [] for name in seqs}
+    # Step 1: chunks of a and c, all of b.
+    first = [ScheduledSeq(a, 6), ScheduledSeq(b, 7), ScheduledSeq(c, 9)]
+    for item, logits in zip(first, step_logits(runner, first)):
+        got[item.seq.request_id].append(logits)
+        item.seq.num_computed_tokens += item.num_new_tokens
+    b.append_token(int(got["b"][0][-1].argmax()))                 # b decodes one token in step 2
+    second = [ScheduledSeq(c, 12), ScheduledSeq(b, 1), ScheduledSeq(a, 7)]
+    for item, logits in zip(second, step_logits(runner, second)):
+        got[item.seq.request_id].append(logits)
+    for name, seq in seqs.items():
+        ours = torch.cat(got[name])
+        with torch.inference_mode():
+            theirs = hf(torch.tensor([seq.token_ids])).logits[0]
+        assert ours.shape == theirs.shape
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+        assert ours.argmax(-1).tolist() == theirs.argmax(-1).tolist()
+
+
+def _allocate(seq: Sequence, free: list[int], num_tokens: int) -> None:
+    while len(seq.block_table) * BLOCK_SIZE < num_tokens:
+        seq.block_table.append(free.pop())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_execute_matches_hf_generate(family, tmp_path):
+    path = make_tiny_model(family, tmp_path / family)
+    runner = make_runner(path)
+    hf = load_hf_model(path)
+    prompts = [[5, 17, 33, 9, 101, 7, 250, 3, 11], [44, 2, 90], [300, 301, 302, 303, 304, 305]]
+    free = list(range(NUM_BLOCKS))
+    seqs = [make_seq(str(i), p, []) for i, p in enumerate(prompts)]
+    max_new = 6
+    for _ in range(max_new):
+        batch = [ScheduledSeq(s, s.num_tokens - s.num_computed_tokens) for s in seqs]
+        for s in seqs:
+            _allocate(s, free, s.num_tokens)
+        outputs = runner.execute(batch)
+        for item, out in zip(batch, outputs):
+            item.seq.num_computed_tokens += item.num_new_tokens
+            item.seq.append_token(out.token_id)
+    for s, prompt in zip(seqs, prompts):
+        with torch.inference_mode():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert s.output_token_ids == expected
+
+
+def test_execute_samples_only_items_that_reach_the_end(tmp_path):
+    runner = make_runner(make_tiny_model("qwen2", tmp_path / "m"))
+    full = make_seq("full", [1, 2, 3, 4, 5], [3, 9])
+    chunk = make_seq("chunk", [6, 7, 8, 9, 10, 11], [4, 0])
+    outputs = runner.execute([ScheduledSeq(chunk, 4), ScheduledSeq(full, 5)])
+    assert outputs[0] is None
+    assert outputs[1] is not None and 0 <= outputs[1].token_id < runner.model_config.vocab_size
+
+
+def test_step_errors_are_value_errors(tmp_path):
+    runner = make_runner(make_tiny_model("qwen2", tmp_path / "m"))
+    seq = make_seq("s", [1, 2, 3, 4, 5], [1])
+    with pytest.raises(ValueError, match="block_table has 1 blocks"):
+        runner.execute([ScheduledSeq(seq, 5)])
+    with pytest.raises(ValueError, match="cannot compute tokens"):
+        runner.execute([ScheduledSeq(make_seq("t", [1, 2], [1]), 3)])
+    with pytest.raises(ValueError, match="block ids must be in"):
+        runner.execute([ScheduledSeq(make_seq("u", [1, 2], [NUM_BLOCKS]), 2)])
+
+
+def test_kv_pool_shape_and_default_size(tmp_path):
+    path = make_tiny_model("llama", tmp_path / "m")
+    runner = make_runner(path)
+    assert runner.num_kv_blocks == NUM_BLOCKS
+    assert len(runner.kv_caches) == 2
+    assert all(k.shape == v.shape == (NUM_BLOCKS, BLOCK_SIZE, 2, 16) for k, v in runner.kv_caches)
+    assert runner.max_model_len == 512
+    # Default on CPU: 512 MiB, capped at max_num_seqs full-length sequences.
+    capped = make_runner(path, num_kv_blocks=None, max_num_seqs=3)
+    assert capped.num_kv_blocks == 3 * 512 // BLOCK_SIZE
+    per_block = 2 * 2 * BLOCK_SIZE * 2 * 16 * 4
+    sized = make_runner(path, num_kv_blocks=None, kv_cache_memory=100 * per_block + 5)
+    assert sized.num_kv_blocks == 100
+    default = make_runner(path, num_kv_blocks=None, max_num_seqs=10**6)
+    assert default.num_kv_blocks == DEFAULT_CPU_KV_BYTES // per_block
+
+
+def test_sliding_window_caps_max_model_len(tmp_path):
+    path = make_tiny_model("mistral", tmp_path / "m")      # sliding_window 256 < max_position_embeddings 512
+    assert make_runner(path).max_model_len == 256
+    assert make_runner(path, max_model_len=100).max_model_len == 100
+    with pytest.raises(ValueError, match="sliding_window"):
+        make_runner(path, max_model_len=300)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        make_runner(path, max_model_len=1000)
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(ValueError, match="does-not-exist"):
+        make_runner(tmp_path / "does-not-exist")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="config.json"):
+        make_runner(tmp_path / "empty")
+    path = make_tiny_model("llama", tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+
+    def with_config(name: str, **changes) -> str:
+        target = tmp_path / name
+        target.mkdir()
+        (target / "config.json").write_text(json.dumps({**config, **changes}))
+        (target / "model.safetensors").symlink_to(path / "model.safetensors")
+        return target
+
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*supported.*LlamaForCausalLM"):
+        make_runner(with_config("gpt2", architectures=["GPT2LMHeadModel"]))
+    yarn = {**config["rope_parameters"], "rope_type": "yarn"}
+    with pytest.raises(ValueError, match="unsupported rope type 'yarn'"):
+        make_runner(with_config("yarn", rope_parameters=yarn))
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="model.safetensors"):
+        make_runner(no_weights)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="qkv_proj"):
+        make_runner(path)
