@@ -82,6 +82,13 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], model_dir: str = "",
                   generation_config: dict[str, Any] | None = None) -> "ModelConfig":
+        try:
+            return cls._from_dict(raw, model_dir, generation_config or {})
+        except KeyError as e:
+            raise ValueError(f"config of {model_dir or 'the model'} lacks {e.args[0]!r}") from None
+
+    @classmethod
+    def _from_dict(cls, raw: dict[str, Any], model_dir: str, generation_config: dict[str, Any]) -> "ModelConfig":
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -120,7 +127,7 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             sliding_window=int(sliding_window) if sliding_window else None,
-            eos_token_ids=_eos_ids(raw, generation_config or {}),
+            eos_token_ids=_eos_ids(raw, generation_config),
             torch_dtype=_dtype_name(raw.get("torch_dtype", raw.get("dtype"))),
         )
 
