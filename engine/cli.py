@@ -2,4 +2,6 @@
 
 
 def register(subparsers) -> None:
-    """Adds this part's subcommands (none yet)."""
+    """Adds this part's subcommands."""
+    from pagedkube.engine.server.serve_cli import add_serve_parser
+    add_serve_parser(subparsers)

@@ -1,0 +1,108 @@
+"""The engine server's FastAPI app: `create_app(config)`.
+
+Everything an app needs lives on `app.state.server` (a ServerState), built here
+and filled in by the lifespan once the engine is up; two apps in one process
+share nothing. The engine is built inside its own thread (async_engine.py)
+during start-up, so the server answers only once the model is loaded.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedkube.engine.server.async_engine import AsyncEngine
+from pagedkube.engine.server.cache_feed import router as cache_router
+from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
+from pagedkube.engine.server.metrics import EngineMetrics
+from pagedkube.engine.server.openai_routes import router as openai_router
+from pagedkube.engine.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+# Reachable without the API key: probes and scrapes (as vLLM leaves them open).
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+
+def default_engine_factory(config: ServerConfig) -> Callable[[], Any]:
+    def build() -> Any:
+        from pagedkube.engine.llm_engine import LLMEngine
+        return LLMEngine(config.engine)
+    return build
+
+
+class APIKeyMiddleware:
+    """Pure ASGI (a BaseHTTPMiddleware would get in the way of streaming and of
+    disconnect detection): every path but OPEN_PATHS needs `Authorization: Bearer KEY`."""
+
+    def __init__(self, app: Any, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            return await self.app(scope, receive, send)
+        response = JSONResponse(error_body(401, "Incorrect API key provided (expected `Authorization: Bearer KEY`)",
+                                           code="invalid_api_key"), status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> FastAPI:
+    state = ServerState(config=config, engine=AsyncEngine(engine_factory or default_engine_factory(config)))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        info = await state.engine.start()
+        state.model_name = config.served_model_name or info.model_name
+        state.metrics = EngineMetrics(state.model_name, state.engine.stats)
+        state.engine.metrics = state.metrics
+        state.info = info
+        logger.info("engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
+                    state.model_name, info.max_model_len, info.num_kv_blocks, info.block_size)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.engine.shutdown)
+
+    app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)
+    app.state.server = state
+    install_error_handlers(app)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.include_router(openai_router)
+    app.include_router(cache_router)
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness: the engine thread runs and its steps succeed."""
+        if state.info is not None and not (state.engine.running and state.engine.healthy):
+            return JSONResponse(error_body(500, "the engine loop is not running"), status_code=500)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: the engine is loaded and the server is not draining."""
+        if state.ready:
+            return JSONResponse({"status": "ready"})
+        reason = "draining" if state.draining else "not ready"
+        return JSONResponse(error_body(503, f"the server is {reason}", code=reason.replace(" ", "_")),
+                            status_code=503, headers={"Retry-After": "1"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if state.metrics is None:
+            raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

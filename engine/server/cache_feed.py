@@ -1,0 +1,51 @@
+"""The cache feed the gateway follows (DESIGN.md §5, docs/interfaces.md).
+
+    GET /v1/cache/config              block size, hash algorithm and seed, engine_id
+    GET /v1/cache/events?after=SEQ    stored/removed block hashes since SEQ, or a snapshot
+    GET /v1/cache/tokenizer           the tokenizer files, so a router tokenizes as we do
+
+The event log belongs to the engine, so it is read on the engine thread (between
+steps) through AsyncEngine.call: the answer is a consistent cut of the log.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from pagedkube import hashing
+from pagedkube.engine.server.errors import APIError
+from pagedkube.engine.server.state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    if state.info is None:
+        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
+    return state
+
+
+def events_body(engine: Any, after: int) -> dict:
+    """Runs on the engine thread: the feed's answer for `after`."""
+    return engine.kv_events.since(after)
+
+
+@router.get("/v1/cache/config")
+async def cache_config(request: Request) -> dict:
+    state = _state(request)
+    return {**hashing.cache_config(state.info.block_size, state.info.hash_seed), "engine_id": state.engine_id}
+
+
+@router.get("/v1/cache/events")
+async def cache_events(request: Request, after: int = Query(0, ge=0, le=2 ** 63 - 1)) -> dict:
+    state = _state(request)
+    body = await state.engine.call(lambda engine: events_body(engine, after))
+    return {"engine_id": state.engine_id, **body}
+
+
+@router.get("/v1/cache/tokenizer")
+async def cache_tokenizer(request: Request) -> dict:
+    state = _state(request)
+    return {"files": dict(state.info.tokenizer.files)}

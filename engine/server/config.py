@@ -1,0 +1,29 @@
+"""Configuration of the engine server (`pagedkube serve`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedkube.engine.config import EngineConfig
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    served_model_name: str | None = None  # None = the engine's model name (its directory name)
+    host: str = "127.0.0.1"
+    port: int = 8000                      # vLLM's default port (docs/interfaces.md)
+    api_key: str | None = None            # bearer token required on /v1/*, /tokenize, /detokenize
+    max_waiting: int | None = 1024        # 4 x vLLM's default max_num_seqs (256); None = unbounded
+    drain_timeout: float = 25.0           # seconds; under Kubernetes' default 30 s grace period
+
+    def __post_init__(self) -> None:
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.drain_timeout < 0:
+            raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")

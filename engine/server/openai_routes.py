@@ -1,0 +1,137 @@
+"""The OpenAI-compatible routes: completions, chat completions, models, tokenize."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from pagedkube.engine.server.errors import APIError, sse_error_event
+from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                              TokenizeChatRequest, TokenizeRequest)
+from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
+from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id,
+                                             prepare_chat, prepare_completion, render_chat)
+from pagedkube.engine.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def _sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bool) -> AsyncIterator[str]:
+    try:
+        for choice in fmt.stream_start():
+            yield _sse(fmt.chunk([choice], None, include_usage))
+        async with contextlib.aclosing(gen.updates()) as updates:
+            async for prompt_idx, out in updates:
+                for choice in fmt.stream_update(prompt_idx, out):
+                    yield _sse(fmt.chunk([choice], fmt.usage() if continuous else None, include_usage))
+        if include_usage:
+            yield _sse(fmt.chunk([], fmt.usage(), True))
+        yield "data: [DONE]\n\n"
+    except APIError as exc:
+        yield sse_error_event(exc)
+        yield "data: [DONE]\n\n"
+    finally:
+        gen.close()
+
+
+async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Response:
+    gen.start()
+    if body.stream:
+        return StreamingResponse(_stream(gen, fmt, body.include_usage, body.continuous_usage),
+                                 media_type="text/event-stream", background=BackgroundTask(gen.close))
+    try:
+        outs = await collect(gen, request)
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+    return JSONResponse(fmt.final(outs))
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_accepting()
+    state.check_model(body.model)
+    body.check_supported()
+    prepared = prepare_completion(state, body)
+    request_id = new_request_id("cmpl")
+    fmt = CompletionFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n,
+                              logprobs=body.logprobs, echo=body.echo)
+    return await _respond(request, Generation(state, request_id, prepared), fmt, body)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = _state(request)
+    state.check_accepting()
+    state.check_model(body.model)
+    body.check_supported()
+    prepared = prepare_chat(state, body)
+    request_id = new_request_id("chatcmpl")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    fmt = ChatFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top)
+    return await _respond(request, Generation(state, request_id, prepared), fmt, body)
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "pagedkube",
+            "root": state.config.engine.model or state.info.model_name, "parent": None,
+            "max_model_len": state.info.max_model_len}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    return {"object": "list", "data": [_model_card(_state(request))]}
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> dict:
+    state = _state(request)
+    state.check_model(model)
+    return _model_card(state)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    """vLLM's shape: {"count", "max_model_len", "tokens", "token_strs"}."""
+    state = _state(request)
+    if state.info is None:
+        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
+    state.check_model(body.model)
+    tokenizer = state.info.tokenizer
+    if isinstance(body, TokenizeChatRequest):
+        text = render_chat(state, [m.to_template() for m in body.messages], body.add_generation_prompt,
+                           body.chat_template_kwargs)
+    else:
+        text = body.prompt
+    tokens = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+    token_strs = [tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": state.info.max_model_len, "tokens": tokens,
+            "token_strs": token_strs}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    state = _state(request)
+    if state.info is None:
+        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
+    state.check_model(body.model)
+    tokenizer = state.info.tokenizer
+    bad = next((t for t in body.tokens if t >= tokenizer.vocab_size), None)
+    if bad is not None:
+        raise APIError(400, f"tokens: token id {bad} is out of range (vocabulary size {tokenizer.vocab_size})",
+                       param="tokens")
+    return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}

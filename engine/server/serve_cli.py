@@ -1,0 +1,92 @@
+"""`pagedkube serve`: flags and start-up (the SIGTERM drain is in draining.py).
+
+This module imports no torch, fastapi or uvicorn at import time (`pagedkube
+--help` must work in the torch-free images); they load inside `run_serve`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+from typing import Any
+
+logger = logging.getLogger("pagedkube.serve")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '1GiB', '512MiB', '2G' (powers of 1000 without the i) -> bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 2GiB, 512MiB, 1000000)")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    value = int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
+                              description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
+    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the built-in tiny model)")
+    p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--block-size", type=int, default=16)
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")
+    kv.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="bytes for the KV pool (e.g. 4GiB)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-waiting", type=int, default=1024,
+                   help="waiting requests beyond which new ones get 503 (default 1024; -1 = unbounded)")
+    p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
+    p.add_argument("--drain-timeout", type=float, default=25.0,
+                   help="seconds in-flight requests may run after SIGTERM (default 25)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def build_config(args: argparse.Namespace):
+    from pagedkube.engine.config import EngineConfig
+    from pagedkube.engine.server.config import ServerConfig
+
+    engine = EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, seed=args.seed)
+    return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
+                        api_key=args.api_key or None,
+                        max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
+                        drain_timeout=args.drain_timeout)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = build_config(args)
+    except ValueError as exc:
+        print(f"pagedkube serve: error: {exc}", flush=True)
+        return 2
+    import uvicorn
+
+    from pagedkube.engine.server.app import create_app
+    from pagedkube.engine.server.draining import DrainingServer
+
+    app = create_app(config)
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5, access_log=False),
+                            app.state.server)
+    server.run()
+    return 0 if server.started else 1

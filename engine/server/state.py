@@ -1,0 +1,39 @@
+"""What the handlers of one app share (kept on `app.state.server`, never a module global)."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedkube.engine.server.async_engine import AsyncEngine, EngineInfo
+from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.errors import APIError
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    engine: AsyncEngine
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # new per process (cache feed)
+    created: int = field(default_factory=lambda: int(time.time()))
+    info: EngineInfo | None = None          # set once the engine is built (lifespan start-up)
+    metrics: Any = None                     # EngineMetrics, built with the served model name
+    model_name: str = ""
+    draining: bool = False
+    in_flight: int = 0                      # generation requests not yet answered in full
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None and not self.draining and self.engine.running and self.engine.healthy
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica",
+                           code="draining", headers={"Retry-After": "1"})
+        if not self.ready:
+            raise APIError(503, "the engine is not ready", code="not_ready", headers={"Retry-After": "1"})
