@@ -6,16 +6,19 @@ cache_salt). The gateway does the same with the same tokenizer files (fetched
 from an engine's /v1/cache/tokenizer) and the same block size and seed (from
 /v1/cache/config), so its hashes equal the ones in the engines' cache feeds.
 
-Ring key (which pod a prompt goes to when no pod holds its prefix):
-  * chat: a hash of the conversation up to and including the first user
-    message. It is the same on every turn of a session, so a growing
-    conversation keeps its pod even before the cache feed reports its blocks,
-    and it differs between sessions that share only a system prompt, so they
-    spread over the ring instead of piling onto one pod.
-  * completions: the chained hash of block min(n, ring_key_blocks) - 1, i.e. of
-    the first ring_key_blocks blocks (default 16 x 16 = 256 tokens): questions
-    about one long document share the document's key.
-  * shorter than one block: a hash of all its tokens.
+Ring key (which pod a prompt goes to when no pod holds its prefix): the
+chained hash of the first min(m, ring_key_blocks) full blocks of the prompt's
+"head", where the head is
+  * chat: the conversation up to and including the first user message
+    (rendered without the generation prompt), which every later turn of the
+    session repeats unchanged;
+  * completions: the whole prompt.
+So a growing conversation keeps its key on every turn (its pod even before the
+cache feed reports its blocks); sessions that share only a short system prompt
+differ in their first user message and spread over the ring; and prompts that
+share a long head (questions about one document, a long system prompt) share
+the key of its first ring_key_blocks blocks (default 16 x 16 = 256 tokens) and
+land together. A head shorter than one block is keyed by all its tokens.
 When the tokenizer is not there (not fetched yet, or the template fails),
 routing falls back to the ring on a hash of the raw text (reason `fallback`),
 never to an error.
@@ -115,12 +118,15 @@ class PromptHasher:
         if not token_ids:
             return self.fallback(kind, body, cache_salt)
         hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
-        if key_ids is not None:
-            key = _digest(b"chat", cache_salt, _tokens_bytes(key_ids))
-        elif hashes:
-            key = hashes[min(len(hashes), self.ring_key_blocks) - 1]
+        head = token_ids if key_ids is None else key_ids
+        key_blocks = min(len(head) // self.block_size, self.ring_key_blocks)
+        if key_ids is None and key_blocks:
+            key = hashes[key_blocks - 1]
+        elif key_blocks:
+            key = hashing.block_hashes(head[:key_blocks * self.block_size], self.block_size, seed=self.seed,
+                                       cache_salt=cache_salt)[-1]
         else:
-            key = _digest(b"short", cache_salt, _tokens_bytes(token_ids))
+            key = _digest(b"short", cache_salt, _tokens_bytes(head))
         return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),
                             block_size=self.block_size)
 

@@ -41,11 +41,24 @@ def test_content_parts_and_developer_role_render_as_the_server_does(tokenizer):
 
 
 def test_a_session_keeps_its_ring_key_and_sessions_differ(tokenizer):
-    hasher = PromptHasher(tokenizer, block_size=4)
+    hasher = PromptHasher(tokenizer, block_size=4, ring_key_blocks=1000)
     keys = [hasher.routing_input("chat", {"messages": session("Rex, a beagle", t)}, None).ring_key for t in (1, 2, 5)]
     assert keys[0] == keys[1] == keys[2]
     other = hasher.routing_input("chat", {"messages": session("Bella, a poodle", 1)}, None).ring_key
     assert other != keys[0]
+    # The key is the chain hash of the head's full blocks: the head is a prefix of every turn.
+    head = tokenizer.encode_chat(template_messages(session("Rex, a beagle", 1)), add_generation_prompt=False)
+    full = hasher.routing_input("chat", {"messages": session("Rex, a beagle", 3)}, None)
+    assert keys[0] == full.block_hashes[len(head) // 4 - 1]
+
+
+def test_sessions_sharing_a_long_head_share_the_key(tokenizer):
+    """Questions about one long document (longer than ring_key_blocks) land together."""
+    hasher = PromptHasher(tokenizer, block_size=4, ring_key_blocks=3)
+    doc = {"role": "system", "content": "My dog Rex is a 3 year old beagle who loves walks. " * 3}
+    a = hasher.routing_input("chat", {"messages": [doc, {"role": "user", "content": "Walks?"}]}, None)
+    b = hasher.routing_input("chat", {"messages": [doc, {"role": "user", "content": "Food?"}]}, None)
+    assert a.ring_key == b.ring_key == a.block_hashes[2]
 
 
 def test_salt_changes_every_hash_and_the_key(tokenizer):
