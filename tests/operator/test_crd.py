@@ -1,0 +1,122 @@
+"""manifests/crd.yaml and install.yaml: up to date, valid, and the CRD's schema and CEL rules offline."""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from pagedkube.operator.install import NAMESPACE, OPERATOR_NAME
+from pagedkube.operator.manifests import render
+
+sys.path.insert(0, str(Path(__file__).parent))
+from crd_check import validate  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "manifests/crd.yaml").read_text())
+EXAMPLES = sorted((ROOT / "manifests/examples").glob("*.yaml"))
+
+
+def test_generated_manifests_are_up_to_date() -> None:
+    for rel, text in render().items():
+        assert (ROOT / rel).read_text() == text, f"{rel} is stale: run python -m pagedkube.operator.manifests"
+
+
+def test_install_yaml_objects_are_valid_kubernetes() -> None:
+    objs = list(yaml.safe_load_all((ROOT / "manifests/install.yaml").read_text()))
+    assert [o["kind"] for o in objs] == ["Namespace", "CustomResourceDefinition", "ServiceAccount",
+                                         "ClusterRole", "ClusterRoleBinding", "Deployment"]
+    assert objs[1] == CRD
+    for obj in objs:
+        assert kubernetes_validate.validate(obj, "1.37", strict=True) == "1.37", obj["kind"]
+    deployment = objs[-1]
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # kopf peering is no leader election
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["operator", "--all-namespaces", "--standalone", "--liveness", "http://0.0.0.0:8080/healthz"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == OPERATOR_NAME
+
+
+def test_crd_shape() -> None:
+    assert CRD["metadata"]["name"] == "llmservices.pagedkube.io"
+    names = CRD["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "LLMService", "llmservices", ["llms"], ["pagedkube"])
+    (version,) = CRD["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Model", "Replicas", "Ready", "URL", "Age"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_accepted(path: Path) -> None:
+    docs = list(yaml.safe_load_all(path.read_text()))
+    assert docs and all(d["kind"] == "LLMService" for d in docs)
+    for doc in docs:
+        assert validate(CRD, doc) == []
+
+
+def test_defaults_are_applied_like_the_api_server() -> None:
+    from crd_check import apply_defaults
+    schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = apply_defaults(schema, {"spec": {"model": {"source": "builtin://tiny"}}})
+    assert obj["spec"]["replicas"] == 1
+    assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
+                                     "drainTimeoutSeconds": 30}
+    assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.25}
+
+
+BASE = {"apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService", "metadata": {"name": "x"},
+        "spec": {"model": {"source": "builtin://tiny"}}}
+
+
+def variant(**spec_changes: object) -> dict:
+    obj = copy.deepcopy(BASE)
+    obj["spec"].update(spec_changes)
+    return obj
+
+
+INVALID = [
+    ("no model", {**BASE, "spec": {"replicas": 1}}, "spec.model: 'model' is a required property"
+     .replace("spec.model: ", "spec: ")),
+    ("unknown scheme", variant(model={"source": "s3://bucket/llama"}), "spec.model.source: 's3://bucket/llama' does not match"),
+    ("min > max", variant(autoscaling={"enabled": False, "minReplicas": 5, "maxReplicas": 2}),
+     ".spec.autoscaling: autoscaling.minReplicas must not exceed maxReplicas"),
+    ("replicas above max", variant(autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3}, replicas=4),
+     ".spec: replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas] when autoscaling"),
+    ("replicas below min", variant(autoscaling={"enabled": True, "minReplicas": 2}, replicas=1),
+     ".spec: replicas must lie within"),
+    ("vllm builtin", variant(engine={"runtime": "vllm"}), ".spec: the vllm runtime cannot serve builtin://tiny"),
+    ("bad runtime", variant(engine={"runtime": "tgi"}), "spec.engine.runtime: 'tgi' is not one of"),
+    ("bad block size", variant(engine={"blockSize": 24}), "spec.engine.blockSize: 24 is not one of"),
+    ("negative replicas", variant(replicas=-1), "spec.replicas: -1 is less than the minimum of 0"),
+    ("load bound below 1", variant(gateway={"routing": {"loadBound": 0.9}}),
+     "spec.gateway.routing.loadBound: 0.9 is less than the minimum of 1.0"),
+    ("unknown policy", variant(gateway={"routing": {"policy": "random"}}), "spec.gateway.routing.policy: 'random'"),
+    ("zero queue target", variant(autoscaling={"targetQueueDepth": 0}),
+     "spec.autoscaling.targetQueueDepth: 0 is less than or equal to the minimum of 0"),
+    ("unknown field", variant(replica=2), "<root>: Additional properties are not allowed ('replica' was unexpected)"
+     .replace("<root>", "spec")),
+    ("name too long", {**variant(), "metadata": {"name": "x" * 56}},
+     "<root>: metadata.name must be at most 55 characters"),
+    ("api keys without name", variant(gateway={"apiKeySecretRef": {}}),
+     "spec.gateway.apiKeySecretRef: 'name' is a required property"),
+]
+
+
+@pytest.mark.parametrize("case, obj, reason", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_llmservices_fail_for_the_stated_reason(case: str, obj: dict, reason: str) -> None:
+    errors = validate(CRD, obj)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(reason), errors
+
+
+def test_the_same_specs_pass_when_fixed() -> None:
+    ok = variant(autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 3}, replicas=0,
+                 engine={"runtime": "vllm"}, model={"source": "pvc://weights/llama"})
+    assert validate(CRD, ok) == []
