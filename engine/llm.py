@@ -1,0 +1,81 @@
+"""`LLM`: the offline API (DESIGN.md §4), shaped like vLLM's.
+
+    llm = LLM()                                   # the built-in tiny model on CPU
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
+    outs[0].outputs[0].text
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.llm_engine import LLMEngine
+from pagedkube.engine.outputs import RequestOutput
+from pagedkube.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
+                 block_size: int = 16, num_kv_blocks: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = True, seed: int = 0, **kwargs: Any):
+        config = EngineConfig(model=model, device=device, dtype=dtype, block_size=block_size,
+                              num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+                              enable_prefix_caching=enable_prefix_caching, seed=seed, **kwargs)
+        self.engine = LLMEngine(config)
+        self._num_requests = 0
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, cache_salt: str | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in input order.
+
+        Prompts: one string, a list of strings, one list of token ids or a list of
+        them. Every prompt is validated before any runs, so a bad one raises
+        ValueError and nothing was queued.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                self.engine.check_request(prompt, p)
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        request_ids = []
+        for prompt, p in zip(prompts, params):
+            request_id = f"llm-{self._num_requests}"
+            self._num_requests += 1
+            self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
+            request_ids.append(request_id)
+        return self._run(request_ids)
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        pending = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        try:
+            while pending:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        finished[out.request_id] = out
+                        pending.discard(out.request_id)
+        except BaseException:
+            for request_id in pending:   # leave the engine clean for the next call
+                self.engine.abort_request(request_id)
+            raise
+        return [finished[request_id] for request_id in request_ids]

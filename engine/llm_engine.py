@@ -1,0 +1,154 @@
+"""LLMEngine: requests in, cumulative RequestOutputs out, one forward pass per step.
+
+    add_request ──> Scheduler.waiting
+    step():  schedule ──> ModelRunner.execute ──> Scheduler.postprocess ──> outputs
+                (KVCacheManager / BlockPool)         (stop, free)     (text, stop strings)
+
+Validation happens in add_request, before anything is queued, so a bad request
+is a ValueError for its caller and never disturbs the others. Not thread-safe:
+call everything from one thread (the server's engine loop). Importing this
+module does not import torch; constructing an engine does.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.kv_cache_manager import KVCacheManager
+from pagedkube.engine.kv_events import KVEventLog
+from pagedkube.engine.output_processor import RequestState
+from pagedkube.engine.outputs import RequestOutput
+from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.engine.scheduler import Scheduler
+from pagedkube.engine.sequence import Sequence, SequenceStatus
+from pagedkube.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float          # 0..1, cached-but-free blocks count as free
+    prefix_cache_queries: int      # tokens, cumulative
+    prefix_cache_hits: int         # tokens, cumulative
+    num_preemptions: int           # cumulative
+    num_kv_blocks: int
+    num_free_blocks: int
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        from pagedkube.engine.model_runner import ModelRunner, resolve_model_dir
+
+        self.config = config
+        model_dir = resolve_model_dir(config.model)
+        self.model_name = Path(model_dir).name
+        self.runner = ModelRunner(config)
+        self.tokenizer: Tokenizer | None = (
+            Tokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else None)
+        self.vocab_size = self.runner.model_config.vocab_size
+        self.max_model_len = self.runner.max_model_len
+        self.block_size = self.runner.block_size
+        self.kv_events = KVEventLog()
+        self.kv_manager = KVCacheManager(self.runner.num_kv_blocks, self.block_size,
+                                         config.enable_prefix_caching, config.hash_seed, self.kv_events.record)
+        eos_ids = self.runner.model_config.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else [])
+        self.scheduler = Scheduler(self.kv_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len, eos_token_ids=eos_ids)
+        self._requests: dict[str, RequestState] = {}
+
+    # ---- requests ------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a prompt, checked against the vocabulary (ValueError if bad)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.model_name!r} has no tokenizer.json; pass token ids")
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = list(prompt)
+            bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
+                   or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}) "
+                                 f"(the vocabulary size); got {bad[:5]}")
+        else:
+            raise ValueError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        return token_ids
+
+    def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Everything add_request validates, without queueing; returns the token ids."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        token_ids = self.tokenize_prompt(prompt)
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len "
+                             f"({self.max_model_len})")
+        self.scheduler.check_request(len(token_ids), params)
+        return token_ids
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    *, cache_salt: str | None = None) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already running")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError("cache_salt must be a string")
+        token_ids = self.check_request(prompt, params)
+        seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt)
+                for i in range(params.n)]
+        self.scheduler.add_request(seqs)
+        self._requests[request_id] = RequestState.create(
+            request_id, prompt if isinstance(prompt, str) else None, seqs, self.tokenizer)
+
+    def abort_request(self, request_id: str) -> None:
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        for sample in state.samples:
+            self.scheduler.finish(sample.seq, SequenceStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    # ---- the loop ------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One forward pass; the outputs of the requests that sampled a token."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            if self._requests:   # the scheduler guarantees progress; never spin silently
+                raise RuntimeError(f"no request could be scheduled ({self.stats()})")
+            return []
+        now = time.monotonic()
+        for item in scheduled:
+            self._requests[item.seq.request_id].metrics.setdefault("first_scheduled_time", now)
+        sampled = self.runner.execute(scheduled)
+        updates = self.scheduler.postprocess(scheduled, sampled)
+        touched: dict[str, RequestState] = {}
+        for update in updates:
+            state = self._requests[update.seq.request_id]
+            state.apply(update, self.scheduler)
+            touched[state.request_id] = state
+        outputs = []
+        for request_id, state in touched.items():
+            outputs.append(state.to_output())
+            if outputs[-1].finished:
+                del self._requests[request_id]
+        return outputs
+
+    def stats(self) -> EngineStats:
+        kv = self.kv_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
+            num_kv_blocks=kv.pool.num_blocks, num_free_blocks=kv.num_free_blocks)
