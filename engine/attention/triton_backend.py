@@ -105,6 +105,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
+    if key.dtype != k_cache.dtype:
+        # Cast in torch (round-to-nearest-even, as torch_ref does): the interpreter truncates
+        # fp32 -> bf16, and the engine never hits this path (K/V come out in the cache dtype).
+        key, value = key.to(k_cache.dtype), value.to(k_cache.dtype)
     _wkv._write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
