@@ -65,6 +65,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     async def lifespan(app: FastAPI):
         info = await state.engine.start()
         state.model_name = config.served_model_name or info.model_name
+        state.engine_id = info.kv_events.engine_id
         state.metrics = EngineMetrics(state.model_name, state.engine.stats)
         state.engine.metrics = state.metrics
         state.info = info

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 # After this many consecutive failed steps the engine is reported unhealthy
 # (GET /health answers 500) so that an orchestrator restarts the process.
 MAX_CONSECUTIVE_STEP_FAILURES = 3
+# A step that scheduled nothing while requests wait (e.g. for blocks) is retried
+# after this pause instead of in a hot loop.
+IDLE_STEP_BACKOFF_S = 0.001
 
 
 @dataclass
@@ -83,12 +86,14 @@ class _Tracked:
 @dataclass(frozen=True)
 class EngineInfo:
     """Read-only facts about the engine, copied once after it is built."""
-    tokenizer: Any
+    tokenizer: Any          # pagedkube.tokenizer.Tokenizer, or None for a model without tokenizer.json
+    vocab_size: int
     model_name: str
     max_model_len: int
     block_size: int
     hash_seed: str
     num_kv_blocks: int
+    kv_events: Any          # the engine's KVEventLog (thread-safe, read by the cache feed)
 
 
 class AsyncEngine:
@@ -179,10 +184,10 @@ class AsyncEngine:
         try:
             engine = self._factory()
             self.info = EngineInfo(
-                tokenizer=engine.tokenizer, model_name=engine.model_name,
+                tokenizer=engine.tokenizer, vocab_size=engine.vocab_size, model_name=engine.model_name,
                 max_model_len=engine.max_model_len, block_size=engine.block_size,
                 hash_seed=getattr(engine.config, "hash_seed", ""),
-                num_kv_blocks=engine.stats().num_kv_blocks)
+                num_kv_blocks=engine.stats().num_kv_blocks, kv_events=engine.kv_events)
             self._stats = engine.stats()
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             logger.exception("building the engine failed")
@@ -200,6 +205,7 @@ class AsyncEngine:
                 ops = list(self._inbox)
                 self._inbox.clear()
             num_adds = self._apply(engine, ops)
+            outputs = None
             if engine.has_unfinished_requests():
                 step_start = time.monotonic()
                 try:
@@ -217,6 +223,8 @@ class AsyncEngine:
             with self._cv:
                 self._stats = stats
                 self._pending_adds -= num_adds
+                if has_work and outputs == [] and not self._inbox:
+                    self._cv.wait(IDLE_STEP_BACKOFF_S)   # nothing could be scheduled: do not spin
         # Shutting down: whoever still waits gets an answer.
         error = APIError(503, "the engine is shutting down")
         self._fail_all(engine, error)
@@ -279,7 +287,7 @@ class AsyncEngine:
             if tracked is None:  # aborted while the step ran
                 continue
             if tracked.first_scheduled is None:
-                tracked.first_scheduled = step_start
+                tracked.first_scheduled = (out.metrics or {}).get("first_scheduled_time", step_start)
             num_tokens = sum(len(c.token_ids) for c in out.outputs)
             new_tokens = num_tokens - tracked.num_output_tokens
             if new_tokens > 0 and self.metrics is not None:

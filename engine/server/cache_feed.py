@@ -4,12 +4,10 @@
     GET /v1/cache/events?after=SEQ    stored/removed block hashes since SEQ, or a snapshot
     GET /v1/cache/tokenizer           the tokenizer files, so a router tokenizes as we do
 
-The event log belongs to the engine, so it is read on the engine thread (between
-steps) through AsyncEngine.call: the answer is a consistent cut of the log.
+The engine's KVEventLog is thread-safe (it takes its own lock), so handlers read
+it directly instead of waiting for the engine thread to finish a step.
 """
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -27,11 +25,6 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def events_body(engine: Any, after: int) -> dict:
-    """Runs on the engine thread: the feed's answer for `after`."""
-    return engine.kv_events.since(after)
-
-
 @router.get("/v1/cache/config")
 async def cache_config(request: Request) -> dict:
     state = _state(request)
@@ -39,10 +32,9 @@ async def cache_config(request: Request) -> dict:
 
 
 @router.get("/v1/cache/events")
-async def cache_events(request: Request, after: int = Query(0, ge=0, le=2 ** 63 - 1)) -> dict:
+async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le=2 ** 63 - 1)) -> dict:
     state = _state(request)
-    body = await state.engine.call(lambda engine: events_body(engine, after))
-    return {"engine_id": state.engine_id, **body}
+    return state.info.kv_events.events_after(after)
 
 
 @router.get("/v1/cache/tokenizer")

@@ -15,7 +15,7 @@ from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionR
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
 from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id,
-                                             prepare_chat, prepare_completion, render_chat)
+                                             prepare_chat, prepare_completion, render_chat, tokenizer_for)
 from pagedkube.engine.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     if state.info is None:
         raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
     state.check_model(body.model)
-    tokenizer = state.info.tokenizer
+    tokenizer = tokenizer_for(state, "messages" if isinstance(body, TokenizeChatRequest) else "prompt")
     if isinstance(body, TokenizeChatRequest):
         text = render_chat(state, [m.to_template() for m in body.messages], body.add_generation_prompt,
                            body.chat_template_kwargs)
@@ -129,9 +129,9 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     if state.info is None:
         raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
     state.check_model(body.model)
-    tokenizer = state.info.tokenizer
-    bad = next((t for t in body.tokens if t >= tokenizer.vocab_size), None)
+    tokenizer = tokenizer_for(state, "tokens")
+    bad = next((t for t in body.tokens if t >= state.info.vocab_size), None)
     if bad is not None:
-        raise APIError(400, f"tokens: token id {bad} is out of range (vocabulary size {tokenizer.vocab_size})",
+        raise APIError(400, f"tokens: token id {bad} is out of range (vocabulary size {state.info.vocab_size})",
                        param="tokens")
     return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}

@@ -42,6 +42,8 @@ class _Formatter:
         self.sent: dict[int, _Sent] = {}
 
     def token_str(self, token_id: int) -> str:
+        if self.tokenizer is None:  # a model without tokenizer.json: vLLM's "token_id:N" spelling
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def usage(self) -> dict:

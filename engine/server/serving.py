@@ -47,13 +47,23 @@ def _max_tokens(state: ServerState, num_prompt_tokens: int, requested: int | Non
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens, and {prompt_field} has "
             f"{num_prompt_tokens} tokens: no room to generate. Please shorten {prompt_field}.", prompt_field)
+    # The KV pool must hold the whole request, alone (the engine rejects it otherwise):
+    # every token but the last sampled one needs a slot.
+    pool_tokens = state.info.num_kv_blocks * state.info.block_size
+    if num_prompt_tokens > pool_tokens:
+        raise bad_request(f"{prompt_field} has {num_prompt_tokens} tokens but the KV cache holds only "
+                          f"{pool_tokens}", prompt_field)
+    room = min(max_model_len - num_prompt_tokens, pool_tokens - num_prompt_tokens + 1)
     if requested is None:
-        return max_model_len - num_prompt_tokens
+        return room
     if num_prompt_tokens + requested > max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in {prompt_field}, {requested} in "
             f"{field}). Please reduce the length of {prompt_field} or {field}.", field)
+    if requested > room:
+        raise bad_request(f"{field}: {num_prompt_tokens} prompt tokens + {requested} new tokens do not fit in "
+                          f"the KV cache ({pool_tokens} tokens); at most {room} new tokens", field)
     return requested
 
 
@@ -62,7 +72,7 @@ def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletion
     temperature = 1.0 if req.temperature is None else req.temperature
     if temperature < MIN_TEMPERATURE:
         temperature = 0.0
-    vocab_size = state.info.tokenizer.vocab_size
+    vocab_size = state.info.vocab_size
     top_k = req.top_k or 0
     if top_k > vocab_size:
         top_k = 0  # keeping more tokens than the vocabulary has is no filter at all
@@ -80,10 +90,16 @@ def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletion
 
 
 def _check_token_ids(state: ServerState, ids: list[int], field: str) -> None:
-    vocab_size = state.info.tokenizer.vocab_size
+    vocab_size = state.info.vocab_size
     bad = next((t for t in ids if t >= vocab_size), None)
     if bad is not None:
         raise bad_request(f"{field}: token id {bad} is out of range (vocabulary size {vocab_size})", field)
+
+
+def tokenizer_for(state: ServerState, field: str) -> Any:
+    if state.info.tokenizer is None:
+        raise bad_request(f"this model has no tokenizer (no tokenizer.json): {field} must be token ids", field)
+    return state.info.tokenizer
 
 
 def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
@@ -91,11 +107,12 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
     prompt_ids, prompt_texts = [], []
     for prompt in req.prompts():
         if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt, add_special_tokens=req.add_special_tokens)
+            ids = tokenizer_for(state, "prompt").encode(prompt, add_special_tokens=req.add_special_tokens)
             text = prompt
         else:
             _check_token_ids(state, prompt, "prompt")
-            ids, text = list(prompt), (tokenizer.decode(prompt, skip_special_tokens=False) if req.echo else "")
+            ids = list(prompt)
+            text = tokenizer.decode(prompt, skip_special_tokens=False) if req.echo and tokenizer else ""
         prompt_ids.append(ids)
         prompt_texts.append(text)
     # One SamplingParams for the batch: size max_tokens for the longest prompt.
@@ -111,7 +128,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
 def render_chat(state: ServerState, messages: list[dict], add_generation_prompt: bool,
                 kwargs: dict | None) -> str:
     try:
-        return state.info.tokenizer.render_chat(messages, add_generation_prompt, **(kwargs or {}))
+        return tokenizer_for(state, "messages").render_chat(messages, add_generation_prompt, **(kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
         raise bad_request(f"messages could not be rendered with the chat template: {exc}", "messages") from exc
 

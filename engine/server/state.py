@@ -15,7 +15,7 @@ from pagedkube.engine.server.errors import APIError
 class ServerState:
     config: ServerConfig
     engine: AsyncEngine
-    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # new per process (cache feed)
+    engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # the KV event log's, once built
     created: int = field(default_factory=lambda: int(time.time()))
     info: EngineInfo | None = None          # set once the engine is built (lifespan start-up)
     metrics: Any = None                     # EngineMetrics, built with the served model name
