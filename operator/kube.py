@@ -53,11 +53,15 @@ class Kube:
 
     def _call(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
               body: Any = None, content_type: str = "application/json") -> Any:
-        response = self.api_client.call_api(
-            path, method, query_params=query or [],
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            body=body, auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
-        data = response.data
+        client = self.api_client
+        _, url, headers, body, _ = client.param_serialize(
+            method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": content_type})
+        response = client.call_api(method, url, header_params=headers, body=body)
+        data = response.read()
+        if response.status >= 400:
+            raise kubernetes.client.ApiException(status=response.status, reason=response.reason,
+                                                 body=data.decode(errors="replace") if data else None)
         return json.loads(data) if data else None
 
     def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
