@@ -124,7 +124,10 @@ def compute_status(*, name: str, namespace: str, generation: int, desired_replic
 
     rolled_out = (deployment is not None and dgen_seen >= dgen and updated == desired_replicas
                   and replicas == desired_replicas and ready == desired_replicas)
-    if invalid_spec or deployment is None or rolled_out:
+    if invalid_spec:
+        progressing = _condition("Progressing", False, "InvalidSpec",
+                                 "nothing is rolled out until the spec is fixed", generation)
+    elif deployment is None or rolled_out:
         progressing = _condition("Progressing", False, "Complete" if rolled_out else "NotStarted",
                                  summary if rolled_out else "no engine rollout in progress", generation)
     else:
