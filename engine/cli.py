@@ -3,5 +3,7 @@
 
 def register(subparsers) -> None:
     """Adds this part's subcommands."""
+    from pagedkube.engine.generate_cli import add_generate_parser
+    add_generate_parser(subparsers)
     from pagedkube.engine.server.serve_cli import add_serve_parser
     add_serve_parser(subparsers)

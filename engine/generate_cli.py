@@ -1,0 +1,49 @@
+"""`pagedkube generate`: one completion from the command line (torch loads in the handler)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("generate", help="generate a completion offline (no server)",
+                              description="Run the paged-KV engine once on a prompt and print the completion.")
+    p.add_argument("--prompt", required=True, help="the prompt text (the user message with --chat)")
+    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the built-in tiny model)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--n", type=int, default=1, help="number of samples")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.set_defaults(func=run_generate)
+    return p
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from pagedkube.engine.llm import LLM
+    from pagedkube.engine.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks)
+        prompt: str | list[int] = args.prompt
+        if args.chat:
+            tokenizer = llm.get_tokenizer()
+            if tokenizer is None:
+                raise ValueError("--chat needs a model with a tokenizer")
+            prompt = tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+        out = llm.generate(prompt, params)[0]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for completion in out.outputs:
+        print(completion.text)
+    return 0

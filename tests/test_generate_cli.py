@@ -1,0 +1,15 @@
+"""`pagedkube generate` prints what LLM.generate returns (built-in model, in process)."""
+from pagedkube.cli import main
+from pagedkube.engine import LLM, SamplingParams
+
+
+def test_generate_prints_the_greedy_completion(capsys):
+    assert main(["generate", "--prompt", "Hello there", "--max-tokens", "5", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    expected = LLM(device="cpu").generate("Hello there", SamplingParams(temperature=0, max_tokens=5))[0]
+    assert printed == expected.outputs[0].text + "\n"
+
+
+def test_generate_bad_flag_value_is_a_clear_error(capsys):
+    assert main(["generate", "--prompt", "Hi", "--max-tokens", "0", "--device", "cpu"]) == 2
+    assert "max_tokens must be an integer >= 1" in capsys.readouterr().err
