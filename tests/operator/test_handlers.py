@@ -254,3 +254,44 @@ async def test_deletion_leaves_nothing_behind_and_rbac_covers_every_call(operato
             used.add((request.resource.group, resource, "create"))  # apply may create
     assert used - allowed == set()
     assert ("apps", "deployments", "patch") in used and ("", "events", "create") in used
+
+
+async def test_pagedkube_operator_command_runs_against_a_kubeconfig(cluster: ClusterEmulator, tmp_path: Path) -> None:
+    """The real `pagedkube operator` process: kubeconfig login, liveness endpoint, children made."""
+    import socket
+    import subprocess
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        health_port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{str(cluster.url).rstrip('/')}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(kubeconfig)
+    proc = await asyncio.create_subprocess_exec(
+        # --all-namespaces: kmock 0.8 cannot parse GET /api/v1/namespaces, which kopf lists for --namespace.
+        sys.executable, "-m", "pagedkube", "operator", "--all-namespaces", "--standalone",
+        "--liveness", f"http://127.0.0.1:{health_port}/healthz", env=env,
+        stdout=subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async def healthy() -> bool:
+            try:
+                async with aiohttp.ClientSession() as session:
+                    async with session.get(f"http://127.0.0.1:{health_port}/healthz") as resp:
+                        return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+        for _ in range(400):
+            if proc.returncode is not None or await healthy():
+                break
+            await asyncio.sleep(0.1)
+        assert proc.returncode is None and await healthy()
+        await User(cluster).call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices",
+                                 llmservice(SPEC), content_type="application/json")
+        await until(lambda: len(children_in(cluster)) == 9, "nine children from the CLI operator", timeout=40)
+    finally:
+        proc.terminate()
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode in (0, -15), stderr.decode()[-2000:]
