@@ -47,7 +47,7 @@ import triton.language as tl
 @triton.jit
 def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
     """Largest b with query_start_loc[b] // BLOCK_Q + b <= q_block_idx."""
-    left = 0
+    left: tl.int32 = 0          # a tensor from the start: loop-carried types must not change
     right = num_seqs
     while left < right:
         mid = (left + right) // 2

@@ -151,11 +151,14 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_query_len: int, max_
     return max(1, min(wanted, cap))
 
 
-def _tile_shape(group: int, max_query_len: int) -> tuple[int, int]:
+def _tile_shape(group: int, max_query_len: int, dtype: torch.dtype) -> tuple[int, int]:
     """(BLOCK_M, TILE_N) for a batch: see the module docstring."""
     block_m = min(max(16, _next_pow2(group * max(1, max_query_len))), PREFILL_BLOCK_M)
     block_m = max(block_m, _next_pow2(group))
-    return block_m, (DECODE_TILE_N if max_query_len <= 1 else PREFILL_TILE_N)
+    tile_n = DECODE_TILE_N if max_query_len <= 1 else PREFILL_TILE_N
+    if dtype == torch.float32:
+        tile_n //= 2      # fp32 K/V tiles are twice the bytes: 64 x 128 x 4 B x 2 x 2 stages would pass 99 KB smem
+    return block_m, tile_n
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -189,7 +192,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_q_heads // num_kv_heads
-    block_m, default_tile_n = _tile_shape(group, meta.max_query_len)
+    block_m, default_tile_n = _tile_shape(group, meta.max_query_len, query.dtype)
     tile_n = tile_n or default_tile_n
     block_q = block_m // group
     if num_splits is None:
