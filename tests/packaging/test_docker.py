@@ -173,3 +173,22 @@ def test_triton_launcher_prebuilt_is_found_without_a_compiler(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr
     assert Path(found.stdout.strip()) == built
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_default_command_parses_with_the_real_cli(image, dockerfile_replay):
+    """ENTRYPOINT + CMD of the final stage is a command line our CLI accepts."""
+    import json
+
+    from pagedkube.cli import build_parser
+
+    final = dockerfile_replay.parse(DOCKERFILES[image])[-1]
+    entrypoint = json.loads(next(i.args for i in final if i.keyword == "ENTRYPOINT"))
+    cmd = json.loads(next(i.args for i in final if i.keyword == "CMD"))
+    assert entrypoint == ["pagedkube"]
+    try:
+        args = build_parser().parse_args(cmd)
+    except SystemExit as e:  # --help
+        assert e.code == 0 and cmd == ["--help"]
+        return
+    assert args.command == "serve" and args.host == "0.0.0.0" and args.port == 8000
