@@ -68,12 +68,13 @@ def sse_error_event(err: APIError) -> str:
 
 def _field_path(loc: tuple[Any, ...]) -> str:
     # loc is ("body", "messages", 0, "content") -> "messages[0].content"; union members
-    # add the member type name (e.g. "list[int]"), which tells a user nothing: drop them.
+    # add the member type or tag name ("list[int]", "Chat"), which tells a user nothing:
+    # drop them (API field names are lower case).
     parts: list[str] = []
     for item in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif "[" in str(item) or str(item).startswith(("function-", "literal[")) or str(item) in (
+        elif "[" in str(item) or str(item)[:1].isupper() or str(item).startswith(("function-", "literal[")) or str(item) in (
                 "str", "int", "float", "bool", "dict", "list", "none"):
             continue
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from pagedkube.engine.server.errors import bad_request
 
@@ -206,7 +206,14 @@ class TokenizeChatRequest(_Body):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+def _tokenize_kind(body: Any) -> str:
+    messages = body.get("messages") if isinstance(body, dict) else getattr(body, "messages", None)
+    return "Chat" if messages is not None else "Prompt"
+
+
+# vLLM's two shapes, told apart by `messages` (so errors are about the shape the caller meant).
+TokenizeRequest = Annotated[Union[Annotated[TokenizeCompletionRequest, Tag("Prompt")],
+                                  Annotated[TokenizeChatRequest, Tag("Chat")]], Discriminator(_tokenize_kind)]
 
 
 class DetokenizeRequest(_Body):

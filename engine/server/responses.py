@@ -79,7 +79,8 @@ class _Formatter:
             sent.text = max(sent.text, len(text))
             sent.tokens = len(completion.token_ids)
             sent.finished = finish is not None
-            choices.append(self.delta_choice(index, delta, logprobs, completion))
+            if delta or logprobs is not None or finish is not None:  # no empty chunks (held-back text)
+                choices.append(self.delta_choice(index, delta, logprobs, completion))
         return choices
 
     def final(self, outs: dict[int, Any]) -> dict:
