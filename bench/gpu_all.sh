@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark in one command, for a machine with a CUDA GPU:
+#
+#     bash bench/gpu_all.sh            # results in bench/out/gpu-<UTC time>/ (or $OUT/gpu-... when OUT is set)
+#
+# 1. the GPU tests: tests/test_gpu_engine.py (engine vs HF) and the Triton kernel tests,
+#    which on a GPU machine run compiled on CUDA instead of in the interpreter;
+# 2. bench/kernels.py --device cuda (paged attention vs SDPA, GB/s, fraction of peak);
+# 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64).
+# Each step has its own time limit and a failure does not stop the later steps; the exit
+# status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+RESULTS=${OUT:-bench/out}/gpu-$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$RESULTS"
+SUMMARY=$RESULTS/summary.txt
+export TRITON_DEFAULT_FP_FUSION=1
+status=0
+
+step() {  # step NAME LIMIT_S CMD...: run, log to $RESULTS/NAME.log, record the exit status
+    local name=$1 limit=$2; shift 2
+    echo "== $name: $*" | tee -a "$SUMMARY"
+    timeout "$limit" "$@" > "$RESULTS/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$RESULTS/$name.log" >> "$SUMMARY"
+    echo "== $name exit $rc" | tee -a "$SUMMARY"
+    [ $rc -eq 0 ] || status=1
+}
+
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1;
+  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())"; } \
+  | tee "$SUMMARY"
+
+step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_engine.py \
+    tests/test_triton_attention.py tests/test_triton_write_kv.py tests/test_triton_engine.py
+step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
+step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
+
+echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
+exit $status
