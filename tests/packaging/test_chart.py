@@ -237,10 +237,27 @@ def test_chart_version_follows_the_project():
     assert pagedkube.__version__ == project
 
 
-def test_chart_copies_are_in_sync():
-    result = subprocess.run([sys.executable, str(ROOT / "charts" / "sync.py"), "--check"],
-                            capture_output=True, text=True)
+def test_chart_links_to_its_sources():
+    """The chart reads manifests/ and dashboards/ through symlinks (Helm reads only
+    files inside the chart), so a regenerated CRD or dashboard needs no copy step."""
+    links = {CHART / "files" / "crd.yaml": ROOT / "manifests" / "crd.yaml",
+             CHART / "files" / "install.yaml": ROOT / "manifests" / "install.yaml"}
+    links |= {CHART / "dashboards" / p.name: p for p in (ROOT / "dashboards").glob("*.json")}
+    assert set((CHART / "dashboards").iterdir()) == {p for p in links if p.parent.name == "dashboards"}
+    for link, source in links.items():
+        assert link.is_symlink() and not Path(link.readlink()).is_absolute(), link
+        assert link.resolve() == source.resolve(), link
+
+
+def test_package_carries_file_contents(helm, tmp_path):
+    result = subprocess.run([str(helm), "package", str(CHART), "-d", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+    import tarfile
+    with tarfile.open(tmp_path / "pagedkube-0.1.0.tgz") as tar:
+        member = tar.getmember("pagedkube/files/crd.yaml")
+        assert member.isfile()
+        assert tar.extractfile(member).read() == (ROOT / "manifests" / "crd.yaml").read_bytes()
 
 
 def test_notes_explain_first_steps(helm):
