@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: up test test-fast test-wheel test-e2e install bench clean model
+.PHONY: up test test-fast test-wheel test-e2e install bench clean model images
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ bench: install
 # Rebuild the built-in model (corpus, tokenizer, weights) reproducibly.
 model: install
 	$(BIN)/python scripts/make_tiny_model.py
+
+# Container images (needs a Docker engine; CI has none and replays their build
+# stages instead, tests/packaging/test_docker.py). Tags follow the project version.
+IMAGE_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+images:
+	docker build -f Dockerfile.engine -t ghcr.io/pagedkube/engine:$(IMAGE_VERSION) .
+	docker build -f Dockerfile.gateway -t ghcr.io/pagedkube/gateway:$(IMAGE_VERSION) .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
