@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"pagedkube operator needs kopf and kubernetes: pip install 'pagedkube[operator]' ({e})")
     from pagedkube.operator.handlers import register_handlers
     from pagedkube.operator.kube import Kube, default_api_client
-    from pagedkube.operator.reconcile import Reconciler, post_event
+    from pagedkube.operator.reconcile import Reconciler
 
     if args.resync_interval <= 0:
         raise SystemExit("--resync-interval must be > 0")
@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(kopf.login_via_client)
-    register_handlers(registry, resync_interval_s=args.resync_interval)
-    memo = kopf.Memo(reconciler=Reconciler(kube=Kube(default_api_client()), emit=post_event))
+    register_handlers(registry, namespaces=args.namespace, resync_interval_s=args.resync_interval)
+    kube = Kube(default_api_client())
+    memo = kopf.Memo(reconciler=Reconciler(kube=kube, emit=kube.create_event))
     kopf.run(registry=registry, memo=memo, standalone=args.standalone, liveness_endpoint=args.liveness,
              clusterwide=not args.namespace, namespaces=args.namespace)
     return 0

@@ -1,7 +1,7 @@
 """kopf handlers: thin routes from kopf's callbacks to the Reconciler.
 
     LLMService created / changed / operator restarted -> apply children, write status
-    LLMService every `resync_interval_s`               -> the same (a safety net)
+    every `resync_interval_s`, every LLMService        -> the same (a safety net)
     a child edited or deleted                          -> re-apply that child
     the engine Deployment or an engine pod changed     -> recompute the owner's status
 
@@ -11,6 +11,8 @@ is being deleted. Handlers go into a registry the caller makes (no global one).
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 from typing import Any
@@ -45,8 +47,20 @@ def _owner(body: kopf.Body, namespace: str, memo: Any) -> dict[str, Any] | None:
     return owner if owner["metadata"].get("uid") in uids else None
 
 
-def register_handlers(registry: kopf.OperatorRegistry, *,
+async def _resync_forever(reconciler: Any, interval_s: float, namespaces: list[str],
+                          logger: logging.Logger) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            count = await asyncio.to_thread(reconciler.resync_all, namespaces)
+            logger.debug("resync: %d LLMServices checked", count)
+        except Exception:  # a failed round must not end the loop; the next one retries
+            logger.exception("resync failed")
+
+
+def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] | tuple[str, ...] = (),
                       resync_interval_s: float = DEFAULT_RESYNC_INTERVAL_S) -> None:
+    """namespaces: kopf's patterns ([] = all), for the resync's scope."""
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -63,11 +77,20 @@ def register_handlers(registry: kopf.OperatorRegistry, *,
     def reconcile(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
         patch["status"] = memo.reconciler.reconcile(_raw(body))
 
-    @kopf.timer(*LLMSERVICES, interval=resync_interval_s, initial_delay=resync_interval_s, registry=registry)
-    def resync(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
-        status = memo.reconciler.reconcile(_raw(body))
-        if status != dict(body.get("status") or {}):
-            patch["status"] = status
+    # The resync is a plain background task, not a kopf timer: kopf puts a finalizer on every
+    # object with a timer, and then deleting an LLMService hangs whenever the operator is down.
+    @kopf.on.startup(registry=registry)
+    async def start_resync(memo: Any, logger: logging.Logger, **_: Any) -> None:
+        memo.resync_task = asyncio.create_task(
+            _resync_forever(memo.reconciler, resync_interval_s, list(namespaces), logger), name="resync")
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_resync(memo: Any, **_: Any) -> None:
+        task = getattr(memo, "resync_task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     for group, version, plural, kind in CHILD_RESOURCES:
         api_version = f"{group}/{version}" if group else version

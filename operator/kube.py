@@ -6,8 +6,11 @@ Calls block, so handlers that use it are sync: kopf runs them in threads.
 """
 from __future__ import annotations
 
+import datetime
 import json
-from typing import Any
+import logging
+import socket
+from typing import Any, Mapping
 
 import kubernetes
 
@@ -18,10 +21,11 @@ PLURALS = {
     "Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
     "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
-    naming.KIND: naming.PLURAL,
+    "Event": "events", naming.KIND: naming.PLURAL,
 }
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 MERGE_CONTENT_TYPE = "application/merge-patch+json"
+logger = logging.getLogger(__name__)
 
 
 def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -99,3 +103,22 @@ class Kube:
 
     def crd_exists(self, name: str) -> bool:
         return self.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, name) is not None
+
+    def create_event(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `body` (an LLMService). Failing to post one never fails a reconcile."""
+        meta = body["metadata"]
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": naming.API_VERSION, "kind": naming.KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta.get("uid", "")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": self.field_manager},
+            "reportingComponent": self.field_manager, "reportingInstance": socket.gethostname(),
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self._call("POST", api_path("v1", "Event", meta["namespace"]), body=event)
+        except kubernetes.client.ApiException as e:
+            logger.warning("could not post event %s %s: %s", reason, message, e.status)

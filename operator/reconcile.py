@@ -2,11 +2,13 @@
 
 Handlers (handlers.py) only route kopf's callbacks here. Everything talks to
 the cluster through `Kube` and reports through `emit(body, type, reason,
-message)`, so tests can drive it against an emulated API server.
+message)` (in production `Kube.create_event`), so tests can drive it against
+an emulated API server.
 """
 from __future__ import annotations
 
 import datetime
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -41,8 +43,10 @@ class Reconciler:
         with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
         return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor)]
 
-    def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Applies every child that differs from its desired state; returns the new status."""
+    def reconcile(self, body: Mapping[str, Any], restoring: bool = False) -> dict[str, Any]:
+        """Applies every child that differs from its desired state; returns the new status.
+
+        restoring: differences are drift to put back (the resync), not the user's new spec."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             children = self.desired(body)
@@ -50,7 +54,7 @@ class Reconciler:
             self.emit(body, "Warning", "InvalidSpec", str(e))
             return self.status(body, invalid_spec=str(e))
         for child in children:
-            self._sync(body, child, self.kube.get(*self._where(child, namespace)))
+            self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
         monitored = any(c["kind"] == "ServiceMonitor" for c in children)
         if not monitored and self.kube.crd_exists(SERVICEMONITOR_CRD):  # monitoring switched off
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):
@@ -100,6 +104,21 @@ class Reconciler:
         self._announce(body, old.get("conditions") or [], new["conditions"])
         return new
 
+    def resync_all(self, namespace_patterns: list[str]) -> int:
+        """Reconciles every LLMService in scope (the periodic safety net); returns how many."""
+        count = 0
+        for item in self.kube.list(naming.API_VERSION, naming.KIND, None):
+            body = {**item, "apiVersion": naming.API_VERSION, "kind": naming.KIND}
+            namespace = body["metadata"]["namespace"]
+            if body["metadata"].get("deletionTimestamp") or (
+                    namespace_patterns and not any(fnmatch.fnmatchcase(namespace, p) for p in namespace_patterns)):
+                continue
+            status = self.reconcile(body, restoring=True)
+            if status != (body.get("status") or {}):
+                self.kube.patch_status(namespace, body["metadata"]["name"], status)
+            count += 1
+        return count
+
     def refresh_status(self, body: Mapping[str, Any]) -> None:
         """Status of an LLMService from outside its own handlers (a child changed)."""
         try:
@@ -121,8 +140,3 @@ class Reconciler:
             bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
             self.emit(body, "Warning" if bad else "Normal", cond["reason"], cond["message"])
 
-
-def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    """Emit through kopf: a Kubernetes Event on the LLMService (safe from handler threads)."""
-    import kopf  # the only kopf use here; tests pass their own emit
-    kopf.event(dict(body), type=type_, reason=reason, message=message)

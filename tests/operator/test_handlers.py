@@ -26,7 +26,7 @@ from pagedkube.operator.drift import is_subset
 from pagedkube.operator.handlers import register_handlers
 from pagedkube.operator.install import operator_rules
 from pagedkube.operator.kube import Kube, api_path
-from pagedkube.operator.reconcile import Reconciler, post_event
+from pagedkube.operator.reconcile import Reconciler
 from pagedkube.operator.spec import LLMServiceSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -67,8 +67,13 @@ async def cluster(kmock: ClusterEmulator) -> ClusterEmulator:
     return kmock
 
 
+@pytest.fixture
+def resync_interval() -> float:
+    return 3600.0  # tests that need the periodic resync parametrize this
+
+
 @pytest_asyncio.fixture
-async def operator(cluster: ClusterEmulator):
+async def operator(cluster: ClusterEmulator, resync_interval: float):
     url = str(cluster.url).rstrip("/")
     registry = kopf.OperatorRegistry()
 
@@ -80,9 +85,9 @@ async def operator(cluster: ClusterEmulator):
     def fast(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.watching.reconnect_backoff = 0.1
 
-    register_handlers(registry, resync_interval_s=3600)
-    config = kubernetes.client.Configuration(host=url)
-    reconciler = Reconciler(kube=Kube(kubernetes.client.ApiClient(config)), emit=post_event)
+    register_handlers(registry, resync_interval_s=resync_interval)
+    kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=url)))
+    reconciler = Reconciler(kube=kube, emit=kube.create_event)
     # kopf runs in its own thread and event loop, as in production: its shutdown
     # cancels every task it did not start, which would include pytest's own.
     stop, ready = threading.Event(), threading.Event()
@@ -216,6 +221,21 @@ async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulat
                 ["containers"][0]["image"] == naming.ENGINE_IMAGE, "the image put back")
 
 
+@pytest.mark.parametrize("resync_interval", [0.3])
+async def test_resync_restores_unwatched_children(operator: ClusterEmulator) -> None:
+    """ServiceMonitors are not watched (their CRD may come and go); the periodic resync puts them back."""
+    user = User(operator)
+    await user.call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices", llmservice(SPEC),
+                    content_type="application/json")
+    await until(lambda: len(children_in(operator)) == 9, "nine children")
+    await user.call("DELETE", api_path("monitoring.coreos.com/v1", "ServiceMonitor", NS, "demo"))
+    assert obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None
+    await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is not None,
+                "the ServiceMonitor back")
+    await until(lambda: ("Restored", "ServiceMonitor demo was deleted; re-applied") in events(operator),
+                "a Restored event")
+
+
 async def test_invalid_spec_is_reported_not_applied(operator: ClusterEmulator) -> None:
     user = User(operator)
     bad = llmservice({"model": {"source": "builtin://tiny"}, "engine": {"runtime": "vllm"}})
@@ -232,6 +252,8 @@ async def test_deletion_leaves_nothing_behind_and_rbac_covers_every_call(operato
     base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
     await user.call("POST", base, llmservice(SPEC), content_type="application/json")
     await until(lambda: len(children_in(operator)) == 9, "nine children")
+    # No finalizer: deleting an LLMService never waits for the operator to be up.
+    assert not obj(operator, LLMSERVICE, "demo")["metadata"].get("finalizers")
     await user.call("DELETE", f"{base}/demo")
     await until(lambda: obj(operator, LLMSERVICE, "demo") is None, "the LLMService gone")
     await until(lambda: children_in(operator) == {}, "no children")
