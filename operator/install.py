@@ -16,7 +16,9 @@ from pagedkube.operator.crd import build_crd
 NAMESPACE = "pagedkube-system"
 OPERATOR_NAME = "pagedkube-operator"
 HEALTH_PORT = 8080
-CHILD_VERBS = ("get", "list", "watch", "create", "patch", "delete")
+# Children are never deleted by the operator (ownerReferences and the garbage collector do it);
+# server-side apply that creates needs `create` as well as `patch`.
+CHILD_VERBS = ("get", "list", "watch", "create", "patch")
 
 # (apiGroup, resource, verbs) the operator itself uses; see handlers.py and kube.py.
 OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -28,7 +30,7 @@ OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("rbac.authorization.k8s.io", "roles", CHILD_VERBS),
     ("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS),
     ("policy", "poddisruptionbudgets", CHILD_VERBS),
-    ("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch", "delete")),
+    ("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch", "delete")),  # delete: monitoring off
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),  # kopf observer; CRD probe
     ("", "pods", ("list", "watch")),                                    # status from engine pods
     ("", "events", ("create",)),                                        # kopf.info / kopf.warn

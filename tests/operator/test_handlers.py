@@ -208,6 +208,11 @@ async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulat
     args = obj(operator, "apps/v1/deployments", "demo-engine")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--max-num-seqs") + 1] == "64"
 
+    # Monitoring switched off: the ServiceMonitor goes (the one child the operator deletes itself).
+    await user.call("PATCH", f"{base}/demo", {"spec": {"monitoring": {"enabled": False}}})
+    await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None, "no monitor")
+    await until(lambda: ("Deleted", "ServiceMonitor demo") in events(operator), "a Deleted event")
+
     # Someone deletes the gateway Service: it comes back.
     await user.call("DELETE", api_path("v1", "Service", NS, "demo"))
     await until(lambda: obj(operator, "v1/services", "demo") is not None, "the Service back")
