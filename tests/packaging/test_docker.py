@@ -149,30 +149,48 @@ def test_engine_image_install_steps_give_a_working_venv(dockerfile_replay):
 
 
 def test_triton_launcher_prebuilt_is_found_without_a_compiler(tmp_path):
-    """docker/triton_prebuild.py (run in Dockerfile.engine's build stage) puts
-    Triton's CUDA launcher in the cache under the key a GPU process computes at
-    run time; with no compiler (CC pointing nowhere) Triton still finds it."""
+    """Dockerfile.engine's build stage runs docker/triton_prebuild.py into a folder
+    that is read-only at run time; with the image's environment (the
+    PrebuiltFirstCacheManager, a separate writable cache, no compiler) a later
+    process gets Triton's CUDA launcher from it under the key a GPU process computes."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_LIBCUDA_PATH": str(tmp_path / "libcuda-stub"),
-           "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("TRITON_INTERPRET", None)
-    build = subprocess.run([os.sys.executable, str(ROOT / "docker" / "triton_prebuild.py")], env=env,
-                           capture_output=True, text=True, timeout=300)
+    prebuilt, writable = tmp_path / "triton-prebuilt", tmp_path / "home-cache"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "PAGEDKUBE_"))}
+    base["TRITON_LIBCUDA_PATH"] = str(tmp_path / "libcuda-stub")
+    build = subprocess.run([os.sys.executable, str(ROOT / "docker" / "triton_prebuild.py")],
+                           env={**base, "TRITON_CACHE_DIR": str(prebuilt)}, capture_output=True, text=True,
+                           timeout=300)
     assert build.returncode == 0, build.stderr
     built = Path(build.stdout.strip().splitlines()[-1])
-    assert built.is_file() and built.is_relative_to(tmp_path / "cache")
+    assert built.is_file() and built.is_relative_to(prebuilt)
     needed = subprocess.run(["readelf", "-d", str(built)], capture_output=True, text=True).stdout
     assert "[libcuda.so.1]" in needed, "the launcher must load the node's libcuda.so.1"
+    for path in [prebuilt, *prebuilt.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
     lookup = (
-        "import importlib.util, sys\n"
+        "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('tp', {str(ROOT / 'docker' / 'triton_prebuild.py')!r})\n"
         "tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)\n"
         "from triton.runtime.build import compile_so_from_file\n"
-        "print(compile_so_from_file(**tp.launcher_args()))\n")
-    found = subprocess.run([os.sys.executable, "-c", lookup], env={**env, "CC": "/nonexistent/cc"},
-                           capture_output=True, text=True, timeout=300)
+        "from triton.runtime.cache import get_cache_manager\n"
+        "print(compile_so_from_file(**tp.launcher_args()))\n"
+        "manager = get_cache_manager('ab' * 32)\n"
+        "print(manager.put(b'compiled kernel', 'k.cubin', binary=True))\n")
+    image_env = {**base, "CC": "/nonexistent/cc", "TRITON_CACHE_DIR": str(writable),
+                 "PYTHONPATH": str(ROOT / "docker"),
+                 "TRITON_CACHE_MANAGER": "pagedkube_triton_cache:PrebuiltFirstCacheManager",
+                 "PAGEDKUBE_TRITON_PREBUILT_DIR": str(prebuilt)}
+    found = subprocess.run([os.sys.executable, "-c", lookup], env=image_env, capture_output=True, text=True,
+                           timeout=300)
     assert found.returncode == 0, found.stderr
-    assert Path(found.stdout.strip()) == built
+    launcher, kernel = found.stdout.split()
+    assert Path(launcher) == built
+    assert Path(kernel).is_relative_to(writable) and Path(kernel).read_bytes() == b"compiled kernel"
+    # without the cache manager Triton would need the compiler the image does not have
+    image_env.pop("TRITON_CACHE_MANAGER")
+    missing = subprocess.run([os.sys.executable, "-c", lookup], env=image_env, capture_output=True, text=True,
+                             timeout=300)
+    assert missing.returncode != 0 and "/nonexistent/cc" in missing.stderr
 
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
