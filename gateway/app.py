@@ -180,7 +180,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.get("/ready")
     async def ready() -> Response:
         routable = gateway.endpoints.routable()
-        body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state()}
+        body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state(),
+                "tokenizer": gateway.watcher.hasher.tokenizer is not None}
         return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
 
     @app.get("/metrics")

@@ -29,6 +29,8 @@ from pagedkube.gateway.routing.types import Decision
 
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade", "host", "content-length"}
+# The gateway's own server sets these; passing the engine's too would duplicate them.
+_DROP_RESPONSE = _HOP_BY_HOP | {"date", "server"}
 # accept-encoding is dropped so engines answer uncompressed: usage is read from the bytes.
 _DROP_REQUEST = _HOP_BY_HOP | {"accept-encoding"}
 
@@ -84,7 +86,7 @@ class Proxy:
         return {k: v for k, v in request.headers.items() if k.lower() not in drop}
 
     def _response_headers(self, upstream: httpx.Response, url: str, decision: Decision) -> dict[str, str]:
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
         if self.options.route_headers:
             headers["x-pagedkube-endpoint"] = url
             headers["x-pagedkube-route"] = decision.reason
@@ -143,7 +145,7 @@ class Proxy:
         finally:
             await upstream.aclose()
             self.endpoints.release(url)
-        if upstream.status_code == 200 and b"cached_tokens" in content:
+        if 200 <= upstream.status_code < 300 and b"cached_tokens" in content:
             try:
                 cached = cached_tokens_of(json.loads(content).get("usage"))
             except (ValueError, AttributeError):

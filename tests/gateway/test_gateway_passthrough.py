@@ -1,0 +1,82 @@
+"""Byte-level transparency of the proxy, against an upstream whose bytes we fix.
+
+A real engine may merge tokens into fewer SSE events from one run to the next,
+so exact bytes are checked against a small ASGI upstream (served by uvicorn in
+a thread) that streams unusual but valid SSE: comments, CRLF line ends, no
+space after `data:`, events split across writes, non-ASCII text.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import httpx
+import pytest
+import uvicorn
+
+CHUNKS = [b": keep-alive comment\r\n\r\n", b'data:{"choices": [{"text": "h', b'\xc3', b'\xa9"}]}\r\n\r\n',
+          b'data: {"choices": [], "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}\n\n',
+          b"data: [DONE]\n\n"]
+JSON_BODY = b'{"weird":   "spacing",\n "usage": {"prompt_tokens_details": {"cached_tokens": 7}}}'
+
+
+async def upstream_app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path = scope["path"]
+    if scope["method"] == "GET":
+        status = 200 if path == "/ready" else 404
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if json.loads(body).get("stream"):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"x-upstream", b"yes")]})
+        for chunk in CHUNKS:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b""})
+    else:
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": JSON_BODY})
+
+
+@pytest.fixture
+def upstream():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(upstream_app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_stream_bytes_are_untouched(upstream, processes, metric, wait_until):
+    gw = processes.gateway([upstream])
+    processes.wait_ready(gw)
+    body = {"model": "m", "prompt": "abc", "stream": True}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=30) as r:
+        received = b"".join(r.iter_raw())
+        assert r.status_code == 200 and r.headers["x-upstream"] == "yes"
+        assert r.headers["content-type"] == "text/event-stream"
+        assert r.headers["x-pagedkube-route"] == "fallback"  # this upstream serves no tokenizer
+    assert received == b"".join(CHUNKS)
+    r = httpx.post(gw.url + "/v1/completions", json={"prompt": "abc"}, timeout=30)
+    assert (r.status_code, r.content) == (201, JSON_BODY)
+    wait_until(lambda: metric(gw.url, "pagedkube_gateway_realized_cached_tokens_total") == 2 + 7, timeout=10)
