@@ -94,6 +94,9 @@ def check_podmonitor(obj: dict) -> None:
     assert spec["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "pagedkube-operator"
     for endpoint in spec["podMetricsEndpoints"]:
         assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+        # the dashboards select on `service`, which only ServiceMonitors set by themselves
+        services = {(r["regex"], r["replacement"]) for r in endpoint["relabelings"] if r["targetLabel"] == "service"}
+        assert services == {("(.+);engine", "${1}-engine"), ("(.+);gateway", "${1}")}
 
 
 def test_a_broken_object_fails_validation():
