@@ -20,10 +20,35 @@ from pagedkube.engine.sequence import Sequence, SequenceStatus
 from pagedkube.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
+class StreamDetokenizer:
+    """IncrementalDetokenizer's interface in O(1) per token, with tokenizers'
+    DecodeStream (which holds back split UTF-8 characters itself). Decoding the
+    whole output every token costs ~1 ms per step per sequence at 2,000 tokens."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        from tokenizers.decoders import DecodeStream
+        self.tokenizer = tokenizer
+        self.text = ""
+        self._raw = tokenizer._tok   # the tokenizers.Tokenizer inside pagedkube's wrapper
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+
+    def add(self, token_ids: list[int]) -> str:
+        delta = "".join(chunk for t in token_ids if (chunk := self._stream.step(self._raw, t)))
+        self.text += delta
+        return delta
+
+
+def make_detokenizer(tokenizer: Tokenizer, skip_special_tokens: bool):
+    try:
+        return StreamDetokenizer(tokenizer, skip_special_tokens)
+    except (ImportError, AttributeError):   # an older tokenizers, or another wrapper
+        return IncrementalDetokenizer(tokenizer, skip_special_tokens)
+
+
 @dataclass
 class SampleState:
     seq: Sequence
-    detok: IncrementalDetokenizer | None
+    detok: StreamDetokenizer | IncrementalDetokenizer | None
     text: str = ""                       # final text once stopped by a stop string
     stop_string_hit: bool = False
     stop_reason: int | str | None = None
@@ -44,7 +69,7 @@ class SampleState:
             return self.detok.tokenizer.decode(ids, params.skip_special_tokens)
         text = self.detok.text
         hold = max((len(s) for s in params.stop), default=1) - 1
-        return text[:len(text) - hold] if hold else text
+        return text[:max(0, len(text) - hold)]
 
 
 @dataclass
@@ -65,7 +90,7 @@ class RequestState:
                tokenizer: Tokenizer | None) -> "RequestState":
         params = seqs[0].params
         samples = [SampleState(seq, None if tokenizer is None else
-                               IncrementalDetokenizer(tokenizer, params.skip_special_tokens),
+                               make_detokenizer(tokenizer, params.skip_special_tokens),
                                logprobs=None if params.logprobs is None else [],
                                cumulative_logprob=None if params.logprobs is None else 0.0)
                    for seq in seqs]
