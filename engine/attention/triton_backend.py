@@ -12,6 +12,8 @@ Launch heuristics (all from metadata.py's host-side ints, no sync):
   in [16, 64] (16: tl.dot's minimum; 64: 64 x 128 fp32 accumulator is 64
   registers/thread at 4 warps), or next_pow2(group) when a group alone is
   bigger. Decode-only batches get the smallest tile that holds one group.
+- KV tiles of TILE_N = 64 positions (32 in fp32, whose tiles are twice the
+  bytes: keeps shared memory under the 99 KB of the smallest sm_80+ parts).
 - Split-K only for decode-only batches (max_query_len == 1), where one program
   per (sequence, KV head) can leave SMs idle on long contexts:
       splits = next_pow2(ceil(2 * num_SMs / (num_seqs * num_kv_heads)))
@@ -24,7 +26,7 @@ from __future__ import annotations
 import torch
 
 try:
-    import triton
+    import triton  # noqa: F401  (fail here, with the message below, when triton is missing)
     from triton.runtime.interpreter import InterpretedFunction
 except ImportError as exc:  # pragma: no cover - exercised only where triton is absent
     raise ImportError("the triton attention backend needs the `triton` package "
@@ -36,7 +38,7 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256            # the Q tile and accumulator are BLOCK_M x next_pow2(head_dim)
-MAX_SPLITS = 16               # flash-decoding rarely gains past 16 splits (FlashDecoding++ / vLLM use <= 16)
+MAX_SPLITS = 16               # vLLM's unified Triton attention also cuts a decode into at most 16 segments
 MIN_SPLIT_TOKENS = 256        # below ~256 KV positions per split the reduction pass costs more than it wins
 PREFILL_BLOCK_M = 64
 DECODE_TILE_N = 64            # KV positions per inner-loop tile
