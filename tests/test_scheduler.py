@@ -213,3 +213,38 @@ def test_abort_on_every_path_frees_once():
     assert all(s.status == SequenceStatus.FINISHED_ABORTED for s in (a, b, *c))
     assert not sched.has_unfinished() and sched.num_waiting == 0
     assert_pool_invariants(sched.kv.pool, idle=True)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workload_keeps_invariants_and_exact_outputs(seed):
+    """Random arrivals, shared prefixes, n > 1, aborts, tiny pools and budgets."""
+    import random
+    rng = random.Random(seed)
+    caching = seed % 3 != 2
+    sched, runner = make(num_blocks=rng.choice([6, 10, 24]), block_size=rng.choice([2, 4]),
+                         budget=rng.choice([3, 8, 64]), max_num_seqs=rng.choice([1, 3, 8]), caching=caching)
+    heads = [[rng.randrange(10, 60) for _ in range(rng.randrange(1, 9))] for _ in range(3)]
+    requests, aborted = {}, set()
+    for t in range(200):
+        if t < 60 and rng.random() < 0.3:
+            prompt = rng.choice(heads) + [rng.randrange(10, 60) for _ in range(rng.randrange(1, 6))]
+            rid = f"r{t}"
+            try:
+                requests[rid] = add(sched, rid, prompt, n=rng.choice([1, 1, 2, 3]),
+                                    max_tokens=rng.randrange(1, 6), salt=rng.choice([None, "x"]))
+            except ValueError as e:
+                assert "KV blocks" in str(e)
+        if requests and rng.random() < 0.05:
+            rid = rng.choice(sorted(requests))
+            for s in requests[rid]:
+                sched.finish(s, SequenceStatus.FINISHED_ABORTED)
+            aborted.add(rid)
+        if sched.has_unfinished():
+            step(sched, runner)
+    run(sched, runner)
+    for rid, seqs in requests.items():
+        for s in seqs:
+            if rid in aborted and s.status == SequenceStatus.FINISHED_ABORTED:
+                continue
+            assert s.status == SequenceStatus.FINISHED_LENGTH
+            assert s.output_token_ids == expected_tokens(s.prompt_token_ids, s.params.max_tokens, s.sample_index)
