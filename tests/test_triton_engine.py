@@ -95,3 +95,24 @@ def test_triton_runner_greedy_matches_hf_generate(variant):
             expected = hf.generate(torch.tensor([prompt], device=DEVICE), max_new_tokens=max_new, do_sample=False,
                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
         assert s.output_token_ids == expected
+
+
+def test_triton_llm_generate_matches_hf_cold_and_cached(tmp_path):
+    """LLM.generate end to end on the Triton backend: chunked prefill (16-token budget) mixed
+    with decodes, then the same prompts again served from the prefix cache."""
+    from pagedkube.engine import LLM, SamplingParams
+    path = make_tiny_model("qwen2", tmp_path / "qwen2")
+    hf = load_hf_model(path).to(DEVICE)
+    shared = [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]
+    prompts = [shared + [40, 41, 42], shared + [50], [300, 301, 302, 303, 304]]
+    max_new = 4
+    with torch.inference_mode():
+        expected = [hf.generate(torch.tensor([p], device=DEVICE), max_new_tokens=max_new, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    llm = LLM(model=str(path), device=DEVICE, dtype="float32", attention_backend="triton", block_size=8,
+              num_kv_blocks=32, max_num_batched_tokens=16, max_num_seqs=4)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True)
+    for attempt in ("cold", "cached"):
+        outs = llm.generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in outs] == expected, attempt
+    assert [o.num_cached_tokens for o in outs] == [16, 16, 0]
