@@ -162,6 +162,10 @@ class Scheduler:
                 num_computed = len(hits) * self.block_size
             num_new = min(seq.num_tokens - num_computed, budget)
             if self.kv.allocate_slots(seq, num_new, hits) is None:
+                # With nothing running, only waiting siblings' shared blocks can be in
+                # the way: release them (the head then fits, as it fits alone).
+                if not self.running and self._release_waiting_blocks(exclude=seq):
+                    continue
                 break
             self.waiting.popleft()
             seq.num_computed_tokens = num_computed
@@ -182,10 +186,10 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _release_waiting_blocks(self) -> bool:
+    def _release_waiting_blocks(self, exclude: Sequence | None = None) -> bool:
         """Un-fork the newest waiting sibling holding blocks (cheaper than a preemption)."""
         for seq in reversed(self.waiting):
-            if self.kv.holds_blocks(seq):
+            if seq is not exclude and self.kv.holds_blocks(seq):
                 self.kv.free(seq)
                 seq.num_computed_tokens = 0
                 return True

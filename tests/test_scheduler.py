@@ -248,3 +248,18 @@ def test_random_workload_keeps_invariants_and_exact_outputs(seed):
                 continue
             assert s.status == SequenceStatus.FINISHED_LENGTH
             assert s.output_token_ids == expected_tokens(s.prompt_token_ids, s.params.max_tokens, s.sample_index)
+
+
+def test_idle_scheduler_releases_waiting_siblings_blocks_instead_of_stalling():
+    sched, runner = make(num_blocks=4, block_size=4)
+    kv = sched.kv
+    parent, child = add(sched, "p", range(9), n=2, max_tokens=1)
+    step(sched, runner)                       # parent prefills, forks child, finishes
+    assert parent.status == SequenceStatus.FINISHED_LENGTH and child.block_table == [0, 1]
+    (big,) = add(sched, "big", range(100, 112), max_tokens=1)    # 3 blocks; only 2 are free
+    sched.waiting.rotate(1)                   # put it ahead of the sibling: nothing is running
+    assert list(sched.waiting) == [big, child] and kv.num_free_blocks == 2
+    plan, _ = step(sched, runner)
+    assert plan[0] == ("big", 0, 12) and child.block_table == [] and child.num_computed_tokens == 0
+    run(sched, runner)
+    assert child.output_token_ids == expected_tokens(range(9), 1, 1)
