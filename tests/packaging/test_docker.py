@@ -116,6 +116,7 @@ def _run_in(venv: Path, code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_gateway_image_install_steps_give_a_torch_free_working_venv(dockerfile_replay):
     """Replays Dockerfile.gateway's build stage into a fresh venv under build/
     (network: PyPI; ~2-4 min the first time, cached by content hash after)."""
@@ -136,6 +137,7 @@ def test_gateway_image_install_steps_give_a_torch_free_working_venv(dockerfile_r
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @pytest.mark.skipif(os.environ.get("PAGEDKUBE_REPLAY_ENGINE") != "1",
                     reason="downloads ~4 GB (torch + CUDA wheels); set PAGEDKUBE_REPLAY_ENGINE=1")
 def test_engine_image_install_steps_give_a_working_venv(dockerfile_replay):
@@ -146,6 +148,23 @@ def test_engine_image_install_steps_give_a_working_venv(dockerfile_replay):
         "print(torch.__version__)\n"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().startswith(_lock("engine")["torch"])
+    # the final stage's environment finds the prebuilt Triton launcher with no compiler
+    root = venv.parent.parent
+    lookup = (
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('tp', {str(ROOT / 'docker' / 'triton_prebuild.py')!r})\n"
+        "tp = importlib.util.module_from_spec(spec); spec.loader.exec_module(tp)\n"
+        "from triton.runtime.build import compile_so_from_file\n"
+        "print(compile_so_from_file(**tp.launcher_args()))\n")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(root / "home"), "CC": "/nonexistent/cc",
+           "PYTHONPATH": str(root / "opt" / "pagedkube" / "python"),
+           "TRITON_LIBCUDA_PATH": "/opt/libcuda-stub".replace("/opt", str(root / "opt")),
+           "TRITON_CACHE_MANAGER": "pagedkube_triton_cache:PrebuiltFirstCacheManager",
+           "PAGEDKUBE_TRITON_PREBUILT_DIR": str(root / "opt" / "triton-prebuilt")}
+    found = subprocess.run([str(venv / "bin" / "python"), "-c", lookup], cwd="/", env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).is_relative_to(root / "opt" / "triton-prebuilt")
 
 
 def test_triton_launcher_prebuilt_is_found_without_a_compiler(tmp_path):
