@@ -181,7 +181,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def ready() -> Response:
         routable = gateway.endpoints.routable()
         body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state(),
-                "tokenizer": gateway.watcher.hasher.tokenizer is not None}
+                "tokenizer": gateway.watcher.hasher.tokenizer is not None,
+                "feeds": dict(sorted(gateway.watcher.feed_seq.items()))}
         return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
 
     @app.get("/metrics")

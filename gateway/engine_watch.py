@@ -58,6 +58,7 @@ class EngineWatcher:
         self.hasher = PromptHasher(None, ring_key_blocks=ring_key_blocks)
         self.cache_config: dict | None = None   # the config the hasher follows
         self.models: dict[str, list[dict]] = {}
+        self.feed_seq: dict[str, int] = {}      # the last cache-feed seq applied, per endpoint
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._tokenizer_lock = asyncio.Lock()
         self._tokenizer_next_try = 0.0
@@ -73,6 +74,7 @@ class EngineWatcher:
                 task.cancel()
             self.index.drop(url)
             self.models.pop(url, None)
+            self.feed_seq.pop(url, None)
         for url in added:
             if url not in self._tasks:
                 self._tasks[url] = [asyncio.create_task(self._follow_feed(url), name=f"feed {url}"),
@@ -144,6 +146,7 @@ class EngineWatcher:
                     r = await self.client.get(f"{url}/v1/cache/events", params={"after": seq})
                     r.raise_for_status()
                     seq, engine_id, matches = self._apply_events(url, r.json(), seq, engine_id)
+                    self.feed_seq[url] = seq
                 backoff = self.feed_interval
             except asyncio.CancelledError:
                 raise

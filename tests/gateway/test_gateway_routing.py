@@ -1,0 +1,150 @@
+"""Routing decisions against real `pagedkube serve` processes.
+
+Engines A and B serve the routing tests; engine C exists only to be killed in
+the last test. Every response names the engine that served it and why
+(x-pagedkube-endpoint, x-pagedkube-route).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+import httpx
+import openai
+import pytest
+
+MODEL_NAME = "tiny"  # conftest.MODEL_NAME
+DOC = "Guide {d}: dogs need fresh water, daily walks and a calm bed; brush the coat weekly. " * 3
+
+
+@pytest.fixture(scope="module")
+def cluster(module_processes, engine_model_args, wait_until):
+    engines = [module_processes.engine(*engine_model_args) for _ in range(3)]
+    module_processes.wait_ready(*engines)
+    a, b, c = (e.url for e in engines)
+    gateways = {
+        "one": module_processes.gateway([a, b]),
+        "two": module_processes.gateway([b, a]),
+        # Probes rarely, so a killed engine is found by the proxy, not by the probe.
+        "kill": module_processes.gateway([a, b, c], "--scrape-interval", "60", "--eject-seconds", "60"),
+    }
+    module_processes.wait_ready(*gateways.values())
+    for gw in gateways.values():
+        wait_until(lambda: httpx.get(gw.url + "/ready").json()["tokenizer"]
+                   and httpx.get(gw.url + "/ready").json()["endpoints"]["ready"] >= 2, timeout=60)
+    return engines, gateways
+
+
+def post(gw_url: str, prompt: str, **extra) -> httpx.Response:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}
+    r = httpx.post(gw_url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def route(r: httpx.Response) -> tuple[str, str]:
+    return r.headers["x-pagedkube-endpoint"], r.headers["x-pagedkube-route"]
+
+
+def settle(gw_url: str, wait_until, metric) -> None:
+    """Wait until the gateway has applied every engine's cache feed up to the
+    engine's latest event (the blocks the last request stored)."""
+    feeds = httpx.get(gw_url + "/ready").json()["feeds"]
+    latest = {url: httpx.get(url + "/v1/cache/events", params={"after": 0}).json()["latest_seq"] for url in feeds}
+    wait_until(lambda: all(httpx.get(gw_url + "/ready").json()["feeds"].get(url, -1) >= seq
+                           for url, seq in latest.items()), timeout=30)
+
+
+def test_same_prefix_goes_to_the_same_pod(cluster, wait_until, metric):
+    _, gateways = cluster
+    gw = gateways["one"].url
+    for d in range(4):
+        first = post(gw, DOC.format(d=d) + "Question: how much water?")
+        pod, reason = route(first)
+        assert reason in ("ring", "overflow")
+        settle(gw, wait_until, metric)
+        for q in ("How often to brush?", "What bed is best?"):
+            r = post(gw, DOC.format(d=d) + "Question: " + q)
+            assert route(r) == (pod, "affinity")
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+
+
+def test_a_multi_turn_session_stays_on_its_pod(cluster, wait_until, metric):
+    _, gateways = cluster
+    gw = gateways["one"].url
+    client = openai.OpenAI(base_url=gw + "/v1", api_key="none", max_retries=0)
+    for s, dog in enumerate(("Rex, a beagle", "Bella, a poodle", "Max, a boxer")):
+        messages = [{"role": "system", "content": f"You are a pet-care assistant. Dog profile: {dog}."},
+                    {"role": "user", "content": f"How often should I feed {dog.split(',')[0]}?"}]
+        pods = []
+        for turn in range(4):
+            raw = client.chat.completions.with_raw_response.create(model=MODEL_NAME, messages=messages,
+                                                                   max_tokens=4, temperature=0)
+            reply = raw.parse()
+            pods.append(raw.headers["x-pagedkube-endpoint"])
+            if turn:
+                assert reply.usage.prompt_tokens_details.cached_tokens >= 16, (s, turn)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": f"Thanks! And follow-up number {turn}?"}]
+        assert len(set(pods)) == 1, pods
+
+
+def test_a_pod_over_the_bound_is_skipped(cluster, wait_until, metric):
+    """Two requests hang on a stopped engine (SIGSTOP): its load is 2 while the
+    other's is 0, so with c = 1.25 a third request for the same prefix goes elsewhere."""
+    engines, gateways = cluster
+    gw = gateways["one"].url
+    prompt = DOC.format(d="bound") + "Tell me everything."
+    pod = route(post(gw, prompt))[0]
+    settle(gw, wait_until, metric)
+    stuck = next(e for e in engines if e.url == pod)
+    results: list[httpx.Response] = []
+    stuck.popen.send_signal(signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=lambda: results.append(post(gw, prompt))) for _ in range(2)]
+        for t in threads:
+            t.start()
+            # 1 in flight over 2 pods: capacity ceil(1.25 * 2 / 2) = 2 still fits the second.
+            wait_until(lambda: metric(gw, "pagedkube_gateway_endpoint_in_flight", endpoint=pod)
+                       == threads.index(t) + 1, timeout=30)
+        # 2 in flight on `pod`: capacity ceil(1.25 * 3 / 2) = 2 < 2 + 1, so the other pod takes it.
+        endpoint, reason = route(post(gw, prompt))
+        assert reason == "overflow" and endpoint != pod
+    finally:
+        stuck.popen.send_signal(signal.SIGCONT)
+    for t in threads:
+        t.join(timeout=120)
+    assert [route(r)[0] for r in results] == [pod, pod]
+    assert metric(gw, "pagedkube_gateway_routing_decisions_total", reason="overflow") >= 1
+
+
+def test_two_gateways_agree(cluster, wait_until, metric):
+    _, gateways = cluster
+    one, two = gateways["one"].url, gateways["two"].url
+    for i in range(8):
+        prompt = f"Agreement check {i}: " + DOC.format(d=100 + i)
+        first, second = (one, two) if i % 2 else (two, one)
+        pod = route(post(first, prompt))[0]
+        assert route(post(second, prompt))[0] == pod
+
+
+def test_retry_on_a_killed_engine_before_the_first_byte(cluster, wait_until, metric):
+    engines, gateways = cluster
+    victim = engines[2]
+    gw = gateways["kill"].url
+    owned = []
+    for i in range(24):
+        prompt = f"Kill test {i}: " + DOC.format(d=200 + i)
+        if route(post(gw, prompt))[0] == victim.url:
+            owned.append(prompt)
+    assert len(owned) >= 2, "the ring gave engine C no keys out of 24"
+    victim.kill()
+    for prompt in owned[:2]:
+        endpoint, _ = route(post(gw, prompt))
+        assert endpoint in (engines[0].url, engines[1].url)
+    assert metric(gw, "pagedkube_gateway_upstream_retries_total", cause="connect") == 2
+    # Two consecutive connect errors eject the engine: no more attempts on it.
+    assert httpx.get(gw + "/ready").json()["endpoints"]["ejected"] == 1
+    for prompt in owned[2:]:
+        post(gw, prompt)
+    assert metric(gw, "pagedkube_gateway_upstream_retries_total", cause="connect") == 2
