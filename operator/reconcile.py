@@ -48,6 +48,10 @@ class Reconciler:
 
         restoring: differences are drift to put back (the resync), not the user's new spec."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if not self.owner_is_live(body):
+            # A stale event about an LLMService deleted meanwhile (kopf may still hold one):
+            # applying now would re-create children for the garbage collector to remove.
+            return dict(body.get("status") or {})
         try:
             children = self.desired(body)
         except ValueError as e:
@@ -60,6 +64,13 @@ class Reconciler:
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):
                 self.emit(body, "Normal", "Deleted", f"ServiceMonitor {name}")
         return self.status(body)
+
+    def owner_is_live(self, body: Mapping[str, Any]) -> bool:
+        """The LLMService still exists, is the same object (uid), and is not being deleted."""
+        meta = body["metadata"]
+        live = self.kube.get(naming.API_VERSION, naming.KIND, meta["namespace"], meta["name"])
+        return (live is not None and live["metadata"].get("uid") == meta.get("uid")
+                and not live["metadata"].get("deletionTimestamp"))
 
     def sync_child(self, owner: Mapping[str, Any], live: Mapping[str, Any], deleted: bool) -> bool:
         """A child changed or vanished: put it back if it drifted. True if it was re-applied."""

@@ -84,6 +84,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             else:
                 self.objects[key] = obj
             await self._buses[request.resource].put({"type": "MODIFIED" if exists else "ADDED", "object": obj})
+        await self._collect_garbage()  # an object created with a dead owner goes at once, as in a cluster
         return aiohttp.web.json_response(obj, status=200 if exists else 201)
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:

@@ -322,3 +322,17 @@ async def test_pagedkube_operator_command_runs_against_a_kubeconfig(cluster: Clu
         proc.terminate()
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode in (0, -15), stderr.decode()[-2000:]
+
+
+async def test_a_stale_event_for_a_deleted_llmservice_applies_nothing(cluster: ClusterEmulator) -> None:
+    """kopf may still hold an event from before a deletion; reconciling it must not re-create children."""
+    user = User(cluster)
+    base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
+    stale = await user.call("POST", base, llmservice(SPEC), content_type="application/json")
+    await user.call("DELETE", f"{base}/demo")
+    kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(cluster.url).rstrip("/"))))
+    emitted: list = []
+    reconciler = Reconciler(kube=kube, emit=lambda *args: emitted.append(args))
+    assert await asyncio.to_thread(reconciler.reconcile, stale) == {}
+    applies = [r for r in cluster if r.headers.get("Content-Type", "").startswith("application/apply-patch")]
+    assert applies == [] and emitted == [] and children_in(cluster) == {}
