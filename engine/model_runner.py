@@ -50,16 +50,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def select_backend(name: str, device: torch.device) -> ModuleType:
-    """"torch": the reference; "triton": the kernels (CUDA); "auto": triton on CUDA when importable."""
+    """"torch": torch_ref's math with decodes batched (torch_backend); "triton": the kernels
+    (CUDA); "auto": triton on CUDA when importable, torch otherwise."""
     if name == "torch" or (name == "auto" and device.type != "cuda"):
-        return import_module("pagedkube.engine.attention.torch_ref")
+        return import_module("pagedkube.engine.attention.torch_backend")
     try:
         return import_module("pagedkube.engine.attention.triton_backend")
     except ImportError as e:
         if name == "triton":
             raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
-        log.warning("triton attention backend unavailable (%s); using the torch reference", e)
-        return import_module("pagedkube.engine.attention.torch_ref")
+        log.warning("triton attention backend unavailable (%s); using the torch backend", e)
+        return import_module("pagedkube.engine.attention.torch_backend")
 
 
 def resolve_model_dir(model: str | None) -> str:
