@@ -214,3 +214,15 @@ def test_pdb_allows_draining_one_engine_at_a_time() -> None:
 def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LLMServiceSpec.from_body(body(spec))
+
+
+@pytest.mark.parametrize("example", ["llmservice.yaml", "llmservice-gpu.yaml"])
+def test_examples_build_valid_children(example: str) -> None:
+    import pathlib
+    import yaml
+    doc = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests/examples" / example).read_text())
+    doc["metadata"].update(namespace="default", uid=UID)
+    objs = build_children(LLMServiceSpec.from_body(doc), with_service_monitor=False)
+    assert len(objs) == 8
+    for obj in objs:
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION
