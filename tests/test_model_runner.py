@@ -54,7 +54,20 @@ def step_logits(runner: ModelRunner, batch: list[ScheduledSeq]) -> list[torch.Te
 
 
 def test_logits_match_hf_with_scattered_blocks_and_chunked_prefill(model_dir):
-    runner = make_runner(model_dir)
+    assert_logits_match_hf(make_runner(model_dir), model_dir, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_logits_match_hf_on_cuda_with_triton(family, tmp_path):
+    path = make_tiny_model(family, tmp_path / family)
+    runner = make_runner(path, device="cuda", dtype="float32", attention_backend="triton")
+    assert runner.backend.__name__.endswith("triton_backend")
+    assert_logits_match_hf(runner, path, atol=1e-3)
+
+
+def assert_logits_match_hf(runner: ModelRunner, model_dir, atol: float) -> None:
     hf = load_hf_model(model_dir)
     rng = random.Random(0)
     vocab = runner.model_config.vocab_size
@@ -62,25 +75,30 @@ def test_logits_match_hf_with_scattered_blocks_and_chunked_prefill(model_dir):
     lengths = {"a": 13, "b": 7, "c": 21}
     seqs = {}
     for name, n in lengths.items():
-        need = -(-(n + 1) // BLOCK_SIZE)
+        need = -(-(n + 2) // BLOCK_SIZE)                            # room for two decoded tokens
         seqs[name] = make_seq(name, [rng.randrange(vocab) for _ in range(n)], [blocks.pop() for _ in range(need)])
     a, b, c = seqs["a"], seqs["b"], seqs["c"]
     got = {name: [] for name in seqs}
-    # Step 1: chunks of a and c, all of b.
+    # Step 1: chunks of a and c, all of b. Step 2: the rest of a and c, b decodes. Step 3: all decode.
     first = [ScheduledSeq(a, 6), ScheduledSeq(b, 7), ScheduledSeq(c, 9)]
     for item, logits in zip(first, step_logits(runner, first)):
         got[item.seq.request_id].append(logits)
         item.seq.num_computed_tokens += item.num_new_tokens
-    b.append_token(int(got["b"][0][-1].argmax()))                 # b decodes one token in step 2
+    b.append_token(int(got["b"][0][-1].argmax()))
     second = [ScheduledSeq(c, 12), ScheduledSeq(b, 1), ScheduledSeq(a, 7)]
     for item, logits in zip(second, step_logits(runner, second)):
         got[item.seq.request_id].append(logits)
+        item.seq.num_computed_tokens += item.num_new_tokens
+        item.seq.append_token(int(logits[-1].argmax()))
+    third = [ScheduledSeq(s, 1) for s in (b, c, a)]                 # a batch of decodes
+    for item, logits in zip(third, step_logits(runner, third)):
+        got[item.seq.request_id].append(logits)
     for name, seq in seqs.items():
-        ours = torch.cat(got[name])
+        ours = torch.cat(got[name]).cpu()
         with torch.inference_mode():
             theirs = hf(torch.tensor([seq.token_ids])).logits[0]
         assert ours.shape == theirs.shape
-        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours, theirs, atol=atol, rtol=0)
         assert ours.argmax(-1).tolist() == theirs.argmax(-1).tolist()
 
 
