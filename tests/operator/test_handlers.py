@@ -53,17 +53,23 @@ RESOURCES: dict[str, Any] = {
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
+@pytest.fixture
+def with_prometheus() -> bool:
+    return True  # whether the Prometheus Operator's ServiceMonitor CRD is installed
+
+
 @pytest_asyncio.fixture
-async def cluster(kmock: ClusterEmulator) -> ClusterEmulator:
+async def cluster(kmock: ClusterEmulator, with_prometheus: bool) -> ClusterEmulator:
     for path, info in RESOURCES.items():
         kmock.resources[path] = kmock.ResourceInfo(verbs=VERBS, **info)
-    kmock.objects["apiextensions.k8s.io/v1/customresourcedefinitions", None,
-                  "servicemonitors.monitoring.coreos.com"] = {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                 "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-                 "versions": [{"name": "v1", "served": True, "storage": True}]}}
+    if with_prometheus:
+        kmock.objects["apiextensions.k8s.io/v1/customresourcedefinitions", None,
+                      "servicemonitors.monitoring.coreos.com"] = {
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
+                     "versions": [{"name": "v1", "served": True, "storage": True}]}}
     return kmock
 
 
@@ -194,6 +200,19 @@ async def test_create_makes_every_child_owned_and_reports_status(operator: Clust
     await until(lambda: condition(operator, "Degraded") == ("True", "CrashLooping"), "Degraded=CrashLooping")
     await until(lambda: any(r == "CrashLooping" and "demo-engine-abc" in m for r, m in events(operator)),
                 "a CrashLooping event")
+
+
+@pytest.mark.parametrize("with_prometheus", [False])
+async def test_no_service_monitor_without_the_prometheus_operator(operator: ClusterEmulator) -> None:
+    await User(operator).call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices", llmservice(SPEC),
+                              content_type="application/json")
+    # kopf records the handled spec once the create handler has finished (all children applied).
+    await until(lambda: "pagedkube.io/last-handled-configuration" in
+                (obj(operator, LLMSERVICE, "demo")["metadata"].get("annotations") or {}), "creation handled")
+    assert sorted(children_in(operator)) == [
+        "Deployment/demo-engine", "Deployment/demo-gateway", "PodDisruptionBudget/demo-engine",
+        "Role/demo-gateway", "RoleBinding/demo-gateway", "Service/demo", "Service/demo-engine",
+        "ServiceAccount/demo-gateway"]
 
 
 async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulator) -> None:
