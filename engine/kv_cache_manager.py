@@ -92,8 +92,10 @@ class KVCacheManager:
         hits count against free capacity (PITFALLS: "Capacity accounting").
         """
         assert num_new_tokens > 0, num_new_tokens
-        computed = list(computed_blocks or ())
         held = self._blocks.get(seq, [])
+        if computed_blocks is None and len(held) * self.block_size >= seq.num_computed_tokens + num_new_tokens:
+            return []   # the common decode step: the last block still has room
+        computed = list(computed_blocks or ())
         assert not (computed and held), "prefix hits are only taken at admission"
         num_computed = seq.num_computed_tokens + len(computed) * self.block_size
         num_required = self.num_blocks_needed(num_computed + num_new_tokens)
