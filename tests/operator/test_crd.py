@@ -13,7 +13,7 @@ from pagedkube.operator.install import NAMESPACE, OPERATOR_NAME
 from pagedkube.operator.manifests import render
 
 sys.path.insert(0, str(Path(__file__).parent))
-from crd_check import validate  # noqa: E402
+from llms_crd_check import validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "manifests/crd.yaml").read_text())
@@ -62,7 +62,7 @@ def test_examples_are_accepted(path: Path) -> None:
 
 
 def test_defaults_are_applied_like_the_api_server() -> None:
-    from crd_check import apply_defaults
+    from llms_crd_check import apply_defaults
     schema = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     obj = apply_defaults(schema, {"spec": {"model": {"source": "builtin://tiny"}}})
     assert obj["spec"]["replicas"] == 1

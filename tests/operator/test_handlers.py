@@ -30,7 +30,7 @@ from pagedkube.operator.reconcile import Reconciler
 from pagedkube.operator.spec import LLMServiceSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
-from emulator import ClusterEmulator  # noqa: E402
+from llms_emulator import ClusterEmulator  # noqa: E402
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.kmock(cls=ClusterEmulator), pytest.mark.timeout(120)]
 
