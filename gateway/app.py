@@ -15,6 +15,8 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
+from pagedkube.gateway.autoscaler.hold import HoldQueue
+from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
@@ -58,6 +60,10 @@ class Gateway:
         self.watcher: EngineWatcher | None = None
         self.proxy: Proxy | None = None
         self.kube: KubeDiscovery | None = None
+        self.hold = HoldQueue(self.endpoints, config.hold_timeout,
+                              config.autoscale.max_held if config.autoscale else DEFAULT_MAX_HELD)
+        self.scale_target = None   # pagedkube up sets its local engines here before start()
+        self.autoscaler = None
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -75,11 +81,18 @@ class Gateway:
         self.watcher.start()
         if self.static_urls:
             self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
-        else:
+        elif self.config.kube_service:
             self.kube = KubeDiscovery(self.endpoints, self.config.kube_service, self.config.namespace)
             self.kube.start()
+        if self.config.autoscale is not None:
+            from pagedkube.gateway.autoscaler.wiring import build_autoscaler
+
+            self.autoscaler = build_autoscaler(self, self.scale_target)
+            self.autoscaler.start()
 
     async def stop(self) -> None:
+        if self.autoscaler is not None:
+            await self.autoscaler.stop()
         if self.kube is not None:
             self.kube.stop()
         if self.watcher is not None:
@@ -112,7 +125,7 @@ class Gateway:
             model_label = parsed.model if parsed.model and known and parsed.model in known else "unknown"
             salt = tenant_salt if tenant_salt is not None else parsed.body.get("cache_salt")
             routing_input = self.watcher.hasher.routing_input(parsed.kind, parsed.body, salt)
-            routable = await self.endpoints.wait_routable(self.config.hold_timeout)
+            routable = await self.hold.routable()
             if not routable:
                 raise no_endpoint()
         except GatewayError as e:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 
 
@@ -31,9 +32,11 @@ def register(subparsers) -> None:
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
     p.add_argument("--ring-key-blocks", type=int, default=16,
                    help="completions: the ring key is the hash of the first N blocks (default 16)")
-    p.add_argument("--hold-timeout", type=float, default=0.0,
-                   help="seconds to hold a request while no engine is ready (default 0: 503 at once)")
+    p.add_argument("--hold-timeout", type=float, default=None,
+                   help="seconds to hold a request while no engine is ready "
+                        "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
     p.add_argument("--log-level", default="info")
+    add_autoscale_args(p)
     p.set_defaults(func=run)
 
 
@@ -48,7 +51,8 @@ def config_from_args(args: argparse.Namespace):
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, scrape_interval=args.scrape_interval,
-        ring_key_blocks=args.ring_key_blocks, hold_timeout=args.hold_timeout)
+        ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
+        autoscale=autoscaler_config_from_args(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 from pagedkube.gateway.prompt import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
@@ -36,10 +37,16 @@ class GatewayConfig:
     index_capacity: int = DEFAULT_CAPACITY
     hold_timeout: float = 0.0             # wait this long for a ready engine before a 503
     route_headers: bool = True            # x-pagedkube-endpoint / x-pagedkube-route on responses
+    autoscale: AutoscalerConfig | None = None   # --autoscale (docs/autoscaling.md)
+    supervised: bool = False              # pagedkube up: its supervisor fills the EndpointSet
 
     def __post_init__(self) -> None:
-        if bool(self.endpoints) == bool(self.kube_service):
+        if bool(self.endpoints) + bool(self.kube_service) + self.supervised != 1:
             raise ValueError("give either --endpoints URL,... or --kube-service NAME (exactly one)")
+        if self.autoscale is not None and not self.supervised:
+            if not self.kube_service or not self.autoscale.llmservice:
+                raise ValueError("--autoscale needs --kube-service NAME and --llmservice NAME "
+                                 "(locally, `pagedkube up --autoscale` scales engine processes)")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if not self.load_bound >= 1.0:

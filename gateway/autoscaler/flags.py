@@ -1,0 +1,45 @@
+"""Autoscaler flags, shared by `pagedkube gateway` and `pagedkube up` (torch-free)."""
+from __future__ import annotations
+
+import argparse
+
+from pagedkube.gateway.autoscaler import policy
+
+
+def add_autoscale_args(p: argparse.ArgumentParser, *, kube: bool = True) -> None:
+    g = p.add_argument_group("autoscaling (queue depth)")
+    g.add_argument("--autoscale", action="store_true",
+                   help="scale the engines on their mean queue depth (docs/autoscaling.md)")
+    if kube:
+        g.add_argument("--llmservice", metavar="NAME",
+                       help="with --kube-service: the LLMService whose scale subresource to write")
+    g.add_argument("--min-replicas", type=int, default=1, help="fewest engines; 0 allows scale to zero (default 1)")
+    g.add_argument("--max-replicas", type=int, default=4, help="most engines (default 4)")
+    g.add_argument("--target-queue-depth", type=float, default=policy.DEFAULT_TARGET_QUEUE_DEPTH,
+                   help="target waiting requests per ready engine (default 4)")
+    g.add_argument("--scale-up-window", type=float, default=policy.DEFAULT_SCALE_UP_WINDOW_S,
+                   help="seconds of scale-up stabilization (default 0, as HPA)")
+    g.add_argument("--scale-down-window", type=float, default=policy.DEFAULT_SCALE_DOWN_WINDOW_S,
+                   help="seconds of scale-down stabilization (default 300, as HPA)")
+    g.add_argument("--autoscale-interval", type=float, default=policy.DEFAULT_INTERVAL_S,
+                   help="seconds between autoscaler decisions (default 5)")
+    g.add_argument("--max-held", type=int, default=policy.DEFAULT_MAX_HELD,
+                   help="requests held at most while no engine is ready; more get 503 (default 256)")
+
+
+def autoscaler_config_from_args(args: argparse.Namespace) -> policy.AutoscalerConfig | None:
+    """None without --autoscale; ValueError on bad values."""
+    if not getattr(args, "autoscale", False):
+        return None
+    return policy.AutoscalerConfig(
+        min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        target_queue_depth=args.target_queue_depth, scale_up_window=args.scale_up_window,
+        scale_down_window=args.scale_down_window, interval=args.autoscale_interval,
+        llmservice=getattr(args, "llmservice", None), max_held=args.max_held)
+
+
+def hold_timeout_from_args(args: argparse.Namespace) -> float:
+    """--hold-timeout when given; else hold for scale from zero with --autoscale, else 0 (503 at once)."""
+    if args.hold_timeout is not None:
+        return args.hold_timeout
+    return policy.DEFAULT_HOLD_TIMEOUT_S if getattr(args, "autoscale", False) else 0.0
