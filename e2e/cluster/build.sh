@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Build the e2e cluster's binaries once per machine, cached by version:
+#   ${XDG_CACHE_HOME:-~/.cache}/pagedkube/e2e/<K8S_VERSION>/bin/
+#     kube-apiserver kube-controller-manager kube-scheduler  (k8s.io/kubernetes)
+#     kwok kwokctl                                           (sigs.k8s.io/kwok)
+#     etcd                                                   (go.etcd.io/etcd/server/v3)
+# Each group is built from a small generated wrapper module with one
+# `go build -o DIR ...` so the packages compile once; a stamp file records the
+# versions so a second run skips the build. Prints the bin dir on stdout.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=e2e/cluster/versions.env
+source "$here/versions.env"
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/pagedkube/e2e/$K8S_VERSION"
+bin="$cache/bin"
+src="$cache/src"
+stamp="$bin/.stamp"
+want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  echo "$bin"
+  exit 0
+fi
+command -v go >/dev/null || { echo "build.sh: no 'go' on PATH" >&2; exit 3; }
+mkdir -p "$bin" "$src"
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+log() { echo "build.sh: $*" >&2; }
+
+# k8s.io/kubernetes: require it, and replace every staging module it points
+# at ./staging/... by the published v0.<minor>.<patch>.
+build_k8s() {
+  local d="$src/k8s" minor="v0.${K8S_VERSION#v1.}"
+  mkdir -p "$d"
+  local gomod
+  gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')"
+  {
+    printf 'module pagedkube.io/e2e/k8sbins\n\ngo 1.25.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$K8S_VERSION"
+    sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => \./staging/.*#\t\1 => \1 '"$minor"'#p' "$gomod"
+    printf ')\n'
+  } > "$d/go.mod"
+  cat > "$d/tools.go" <<'GO'
+//go:build tools
+
+package k8sbins
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+GO
+  (cd "$d" && go mod tidy -e >&2)
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  ld+=" -X k8s.io/component-base/version.gitMajor=1"
+  ld+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
+  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+  log "building kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION"
+  (cd "$d" && go build -trimpath -o "$bin/" -ldflags "$ld" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler)
+}
+
+build_kwok() {
+  local d="$src/kwok"
+  mkdir -p "$d"
+  printf 'module pagedkube.io/e2e/kwokbins\n\ngo 1.25.0\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" > "$d/go.mod"
+  cat > "$d/tools.go" <<'GO'
+//go:build tools
+
+package kwokbins
+
+import (
+	_ "sigs.k8s.io/kwok/cmd/kwok"
+	_ "sigs.k8s.io/kwok/cmd/kwokctl"
+)
+GO
+  (cd "$d" && go mod tidy -e >&2)
+  log "building kwok kwokctl $KWOK_VERSION"
+  (cd "$d" && go build -trimpath -o "$bin/" \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}" \
+    sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl)
+}
+
+build_etcd() {
+  local d="$src/etcd"
+  mkdir -p "$d"
+  printf 'module pagedkube.io/e2e/etcdbin\n\ngo 1.25.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$d/go.mod"
+  cat > "$d/main.go" <<'GO'
+// etcd: the upstream server entry point, built from go.etcd.io/etcd/server/v3.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  (cd "$d" && go mod tidy -e >&2)
+  log "building etcd $ETCD_VERSION"
+  (cd "$d" && go build -trimpath -o "$bin/etcd" -ldflags "-s -w" .)
+}
+
+start=$(date +%s)
+build_kwok
+build_etcd
+build_k8s
+log "built in $(( $(date +%s) - start )) s"
+echo "$want" > "$stamp"
+echo "$bin"
