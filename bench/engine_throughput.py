@@ -6,7 +6,7 @@ request produces exactly its own number of tokens. Hugging Face gets padded
 batches (left padding, max_new_tokens = the longest output in the batch); only
 each prompt's own tokens count towards its throughput, as a server would see.
 
-    .venv/bin/python bench/engine_throughput.py                 # CPU: ~40M-param Qwen2-style model
+    .venv/bin/python bench/engine_throughput.py                 # CPU: 40.5M-param Qwen2-style model, 1 thread
     .venv/bin/python bench/engine_throughput.py --device cuda   # Qwen2.5-0.5B's shape, HF batch 64
 
 Prints output tokens/s for both and the ratio (ours / HF). Record results in
@@ -107,7 +107,11 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--hf-batch-size", type=int, default=None, help="default: 16 on CPU, 64 on CUDA")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a model made by an earlier run")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: on a shared machine more threads mostly spin; 0 = torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.num_prompts < 64:
         ap.error("--num-prompts must be >= 64")
     cpu = args.device == "cpu"

@@ -34,7 +34,7 @@ def model_dir(request, tmp_path_factory):
 
 
 def make_runner(path, **overrides) -> ModelRunner:
-    kw = dict(model=str(path), device="cpu", attention_backend="torch", block_size=BLOCK_SIZE,
+    kw = dict(model=None if path is None else str(path), device="cpu", attention_backend="torch", block_size=BLOCK_SIZE,
               num_kv_blocks=NUM_BLOCKS, max_num_seqs=4)
     return ModelRunner(EngineConfig(**{**kw, **overrides}))
 
@@ -55,6 +55,12 @@ def step_logits(runner: ModelRunner, batch: list[ScheduledSeq]) -> list[torch.Te
 
 def test_logits_match_hf_with_scattered_blocks_and_chunked_prefill(model_dir):
     assert_logits_match_hf(make_runner(model_dir), model_dir, atol=1e-4)
+
+
+def test_builtin_model_is_the_default_and_matches_hf():
+    runner = make_runner(None)
+    assert runner.model_config.architecture == "Qwen2ForCausalLM"
+    assert_logits_match_hf(runner, runner.model_config.model_dir, atol=1e-4)
 
 
 @pytest.mark.gpu
