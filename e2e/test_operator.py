@@ -1,0 +1,116 @@
+"""The operator, as a process with its ServiceAccount's token, against the real
+control plane: the CPU example becomes Ready (kwok runs the pods), scales through
+the scale subresource, has hand edits put back, and is garbage-collected.
+
+The tests run in file order on one LLMService (each step builds on the last).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from kubeutil import Kube, wait_for
+
+NS = "e2e-operator"
+NAME = "tiny"
+EXAMPLE = ROOT / "manifests" / "examples" / "llmservice.yaml"
+CHILDREN = [("deployment", f"{NAME}-engine"), ("deployment", f"{NAME}-gateway"),
+            ("service", f"{NAME}-engine"), ("service", NAME), ("serviceaccount", f"{NAME}-gateway"),
+            ("role", f"{NAME}-gateway"), ("rolebinding", f"{NAME}-gateway"),
+            ("poddisruptionbudget", f"{NAME}-engine")]
+
+
+@pytest.fixture(scope="module")
+def llms(installed: Kube, operator) -> Kube:
+    installed.run("create", "namespace", NS, check=False)
+    yield installed
+    installed.run("delete", "namespace", NS, "--wait=false", check=False)
+
+
+def condition(obj: dict, type_: str) -> dict:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def engine_replicas(kube: Kube) -> int | None:
+    d = kube.get("deployment", f"{NAME}-engine", NS)
+    return d and d["spec"]["replicas"]
+
+
+def ready_with(kube: Kube, replicas: int, operator) -> dict | None:
+    assert operator.proc.poll() is None, f"operator died:\n{operator.log()[-6000:]}"
+    obj = kube.get("llms", NAME, NS)
+    if obj and condition(obj, "Ready").get("status") == "True" and obj["status"].get("readyReplicas") == replicas \
+            and obj["status"].get("replicas") == replicas:
+        return obj
+    return None
+
+
+def test_the_operator_holds_only_its_service_account(installed: Kube, operator) -> None:
+    who = installed.run("--kubeconfig", str(operator.kubeconfig), "auth", "whoami", "-o", "json")
+    assert json.loads(who.stdout)["status"]["userInfo"]["username"] == \
+        "system:serviceaccount:pagedkube-system:pagedkube-operator"
+
+
+def test_example_becomes_ready_with_owned_children(llms: Kube, operator) -> None:
+    llms.apply(EXAMPLE, namespace=NS)
+    obj = wait_for(lambda: ready_with(llms, 2, operator), "LLMService tiny Ready with 2 engines", timeout=180)
+    status = obj["status"]
+    assert status["url"] == f"http://{NAME}.{NS}.svc.cluster.local"
+    assert status["selector"] == ("app.kubernetes.io/component=engine,app.kubernetes.io/instance=tiny,"
+                                  "app.kubernetes.io/name=pagedkube")
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    uid = obj["metadata"]["uid"]
+    for kind, name in CHILDREN:
+        child = llms.get(kind, name, NS)
+        assert child is not None, f"{kind}/{name} missing:\n{operator.log()[-4000:]}"
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("LLMService", NAME, uid, True)
+    pods = llms.json("get", "pods", "-n", NS, "-l", status["selector"])["items"]
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+    assert llms.json("get", "service", f"{NAME}-engine", "-n", NS)["spec"]["clusterIP"] == "None"
+
+
+def test_kubectl_get_llms_prints_the_columns(llms: Kube) -> None:
+    out = llms.run("get", "llms", "-n", NS).stdout.splitlines()
+    assert out[0].split() == ["NAME", "MODEL", "REPLICAS", "READY", "URL", "AGE"]
+    assert out[1].split()[:5] == [NAME, "builtin://tiny", "2", "2", f"http://{NAME}.{NS}.svc.cluster.local"]
+
+
+def test_kubectl_scale_changes_the_engine_deployment(llms: Kube, operator) -> None:
+    llms.run("scale", f"llms/{NAME}", "-n", NS, "--replicas=3")
+    wait_for(lambda: engine_replicas(llms) == 3, "engine Deployment at 3 replicas")
+    wait_for(lambda: ready_with(llms, 3, operator), "status at 3 ready engines")
+    scale = llms.json("get", "--raw", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices/{NAME}/scale")
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"].startswith("app.kubernetes.io/component=engine")
+
+
+def test_an_hpa_style_scale_subresource_write_is_applied(llms: Kube, operator) -> None:
+    """What HPA and KEDA do: PATCH .../llmservices/NAME/scale."""
+    llms.run("patch", "llms", NAME, "-n", NS, "--subresource=scale", "--type=merge",
+             "-p", '{"spec":{"replicas":1}}')
+    wait_for(lambda: engine_replicas(llms) == 1, "engine Deployment at 1 replica")
+    wait_for(lambda: ready_with(llms, 1, operator), "status at 1 ready engine")
+
+
+def test_a_hand_edit_of_a_child_is_put_back(llms: Kube, operator) -> None:
+    llms.run("scale", "deployment", f"{NAME}-engine", "-n", NS, "--replicas=4")
+    llms.run("label", "service", NAME, "-n", NS, "app.kubernetes.io/name=edited", "--overwrite")
+    wait_for(lambda: engine_replicas(llms) == 1, "engine replicas restored to 1")
+    wait_for(lambda: llms.json("get", "service", NAME, "-n", NS)["metadata"]["labels"]
+             ["app.kubernetes.io/name"] == "pagedkube", "the gateway Service's label restored")
+    llms.run("delete", "role", f"{NAME}-gateway", "-n", NS)
+    wait_for(lambda: llms.get("role", f"{NAME}-gateway", NS), "the deleted Role re-created")
+    events = llms.json("get", "events", "-n", NS, "--field-selector", "reason=Restored")["items"]
+    assert events, "no Restored event"
+
+
+def test_deleting_the_llmservice_collects_every_child(llms: Kube) -> None:
+    llms.run("delete", "llms", NAME, "-n", NS)
+    for kind, name in CHILDREN:
+        wait_for(lambda: llms.get(kind, name, NS) is None, f"{kind}/{name} garbage-collected")
+    wait_for(lambda: not llms.json("get", "pods", "-n", NS)["items"], "engine and gateway pods gone")
+    assert yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"] == NAME
