@@ -4,8 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 # Non-root with a read-only root filesystem: /tmp is the only writable path
-# (an emptyDir), which is where HOME and the caches point.
-RUN_AS_USER = 1000
+# (an emptyDir), which is where HOME and the caches point. 10001 is the user our
+# images create (Dockerfile.engine, Dockerfile.gateway); set explicitly because
+# vllm/vllm-openai runs as root by default.
+RUN_AS_USER = 10001
 
 TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
 TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
