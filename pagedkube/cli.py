@@ -17,6 +17,7 @@ from pagedkube import __version__
 SUBCOMMAND_MODULES = (
     "pagedkube.engine.cli",
     "pagedkube.gateway.cli",
+    "pagedkube.gateway.local.cli",
     "pagedkube.operator.cli",
 )
 

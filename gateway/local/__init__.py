@@ -1,0 +1,1 @@
+"""`pagedkube up`: the local stack (engine processes + the gateway in one supervisor)."""

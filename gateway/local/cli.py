@@ -1,0 +1,87 @@
+"""`pagedkube up`: the local stack (engines + gateway on this machine). Torch-free at import."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
+
+# `pagedkube serve` options passed through to every engine, as given.
+ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
+    ("--model", dict(help="Hugging Face model directory (default: the built-in tiny model)")),
+    ("--served-model-name", dict(help="model name in the API (default: directory name)")),
+    ("--device", dict(choices=("auto", "cpu", "cuda"))),
+    ("--dtype", dict(choices=("auto", "float32", "float16", "bfloat16"))),
+    ("--block-size", dict(type=int)),
+    ("--num-kv-blocks", dict(type=int)),
+    ("--kv-cache-memory", dict(help="bytes for each engine's KV pool (e.g. 512MiB)")),
+    ("--max-num-seqs", dict(type=int)),
+    ("--max-num-batched-tokens", dict(type=int)),
+    ("--max-model-len", dict(type=int)),
+    ("--max-waiting", dict(type=int)),
+    ("--drain-timeout", dict(type=float)),
+    ("--seed", dict(type=int)),
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "up", help="run engines and the gateway on this machine (the local stack)",
+        description="Start engine processes and the cache-aware gateway in front of them; Ctrl-C stops all.")
+    p.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
+    p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
+    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--hold-timeout", type=float, default=None,
+                   help="seconds to hold requests while no engine is ready (default 0; 120 with --autoscale)")
+    engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")
+    for flag, kwargs in ENGINE_OPTIONS:
+        engine.add_argument(flag, default=None, **kwargs)
+    add_autoscale_args(p, kube=False)
+    p.set_defaults(func=run)
+
+
+def engine_args(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for flag, _ in ENGINE_OPTIONS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def model_name(args: argparse.Namespace) -> str:
+    from pathlib import Path
+
+    from pagedkube.builtin import resolve_model
+
+    if args.served_model_name:
+        return args.served_model_name
+    return Path(resolve_model(args.model)).name
+
+
+def check_engine_args(argv: list[str]) -> None:
+    """Parses them as `pagedkube serve` would, so a bad value fails now, not in N engines."""
+    from pagedkube.engine.server.serve_cli import add_serve_parser
+
+    parser = argparse.ArgumentParser(prog="pagedkube up", add_help=False)
+    add_serve_parser(parser.add_subparsers()).prog = "pagedkube up (engine options)"
+    parser.parse_args(["serve", *argv])
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from pagedkube.gateway.local.supervisor import Supervisor, UpConfig
+
+    argv = engine_args(args)
+    check_engine_args(argv)
+    try:
+        config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
+                          model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
+                          hold_timeout=hold_timeout_from_args(args), routing=args.routing,
+                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0)
+    except ValueError as e:
+        print(f"pagedkube up: error: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(Supervisor(config).run())

@@ -1,0 +1,157 @@
+"""`pagedkube up`: engines as child processes and the gateway in this process.
+
+    supervisor (this process, one event loop)
+      gateway   create_app(GatewayConfig(supervised=True)) served by uvicorn
+      engines   LocalEngines: spawn / drain `pagedkube serve` children, feed the
+                gateway's EndpointSet, and act as the autoscaler's ScaleTarget
+
+Start: spawn the initial engines, then serve the gateway (its autoscaler, if
+on, sees them from its first tick). Stop (Ctrl-C / SIGTERM, or the gateway
+failing): stop the gateway (no new requests), then drain every engine, SIGKILL
+stragglers, and return; PDEATHSIG covers a supervisor that is SIGKILLed.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from dataclasses import dataclass, field
+
+from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
+from pagedkube.gateway.local.console import ComponentLogHandler, Console
+from pagedkube.gateway.local.engines import READY, LocalEngine, LocalEngines
+
+
+@dataclass(slots=True)
+class UpConfig:
+    replicas: int = 2
+    host: str = "127.0.0.1"
+    port: int = 8080
+    engine_args: list[str] = field(default_factory=list)
+    model_name: str = "tiny"
+    autoscale: AutoscalerConfig | None = None
+    hold_timeout: float = 0.0
+    routing: str = "prefix"
+    drain_timeout: float = 25.0
+    scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"--replicas must be >= 0, got {self.replicas}")
+        if self.replicas == 0 and self.autoscale is None:
+            raise ValueError("--replicas 0 needs --autoscale --min-replicas 0 (scale from zero)")
+
+    def initial_replicas(self) -> int:
+        a = self.autoscale
+        return self.replicas if a is None else max(a.min_replicas, min(a.max_replicas, self.replicas))
+
+
+def curl_line(host: str, port: int, model: str) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return (f"curl http://{host}:{port}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": "
+            f"\"How often should I feed my puppy?\"}}], \"max_tokens\": 32}}'")
+
+
+def _quiet_server(config):
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):   # the supervisor owns SIGINT/SIGTERM
+            yield
+
+    return Server(config)
+
+
+class Supervisor:
+    def __init__(self, config: UpConfig, console: Console | None = None):
+        self.config = config
+        self.console = console or Console()
+        self.stop_requested = asyncio.Event()
+        self.engines: LocalEngines | None = None
+        self.gateway = None
+        self._announced = False
+
+    def _on_engine(self, engine: LocalEngine) -> None:
+        detail = engine.url
+        if engine.state == READY and engine.ready_at is not None:
+            detail += f"  (loaded in {engine.ready_at - engine.started_at:.1f} s)"
+        self.console.set_state(engine.name, engine.state, detail)
+        if engine.state == READY and not self._announced:
+            self._announced = True
+            self.console.log("up", "ready; try:")
+            self.console.log("up", curl_line(self.config.host, self.config.port, self.config.model_name))
+
+    async def _progress(self) -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            if self.console.loading():
+                self.console.print_status()
+
+    async def run(self) -> int:
+        from pagedkube.gateway.app import create_app
+        from pagedkube.gateway.config import GatewayConfig
+
+        import uvicorn
+
+        c = self.config
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        handler = ComponentLogHandler(self.console)
+        for name in ("pagedkube.gateway", "pagedkube.autoscaler", "uvicorn.error"):
+            logger = logging.getLogger(name)
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+
+        try:   # uvicorn exits the process on a bind error: find out before any engine starts
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((c.host, c.port))
+        except OSError as e:
+            self.console.log("up", f"cannot listen on {c.host}:{c.port}: {e}")
+            return 1
+        app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
+                                       hold_timeout=c.hold_timeout, autoscale=c.autoscale,
+                                       scrape_interval=c.scrape_interval))
+        self.gateway = app.state.gateway
+        self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
+                                    on_log=self.console.log, drain_timeout=c.drain_timeout)
+        if c.autoscale is not None:
+            self.gateway.scale_target = self.engines
+        self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")
+        server = _quiet_server(uvicorn.Config(app, host=c.host, port=c.port, log_config=None,
+                                              access_log=False, timeout_graceful_shutdown=5))
+        progress = asyncio.create_task(self._progress())
+        code = 0
+        try:
+            await self.engines.scale(c.initial_replicas())
+            serving = asyncio.create_task(server.serve(), name="gateway")
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.05)
+            if server.started:
+                self.console.set_state("gateway", "ready", f"http://{c.host}:{c.port}")
+                if c.initial_replicas() == 0:
+                    self.console.log("up", "no engine yet: the first request starts one; try:")
+                    self.console.log("up", curl_line(c.host, c.port, c.model_name))
+                stopped = asyncio.create_task(self.stop_requested.wait())
+                await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
+            if serving.done() and not self.stop_requested.is_set():
+                code = 1   # the gateway could not start or stopped by itself (port in use?)
+            self.console.log("up", "stopping: gateway first, then draining the engines")
+            self.console.set_state("gateway", "draining", f"http://{c.host}:{c.port}")
+            server.should_exit = True
+            await asyncio.gather(serving, return_exceptions=True)
+            self.console.set_state("gateway", "stopped", f"http://{c.host}:{c.port}")
+        finally:
+            progress.cancel()
+            await self.engines.stop_all()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        self.console.log("up", "all stopped")
+        return code
