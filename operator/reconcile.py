@@ -54,8 +54,7 @@ class Reconciler:
             return dict(body.get("status") or {})
         try:
             children = self.desired(body)
-        except ValueError as e:
-            self.emit(body, "Warning", "InvalidSpec", str(e))
+        except ValueError as e:  # reported once, through the conditions' change (_announce)
             return self.status(body, invalid_spec=str(e))
         for child in children:
             self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
@@ -143,11 +142,14 @@ class Reconciler:
             self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
 
     def _announce(self, body: Mapping[str, Any], old: list[Mapping[str, Any]], new: list[dict[str, Any]]) -> None:
-        """An Event whenever Ready or Degraded changes status or reason."""
+        """An Event whenever Ready or Degraded changes status or reason (one per distinct news)."""
         before = {c.get("type"): (c.get("status"), c.get("reason")) for c in old}
+        posted: set[tuple[str, str]] = set()
         for cond in new:
             if cond["type"] == "Progressing" or before.get(cond["type"]) == (cond["status"], cond["reason"]):
                 continue
+            if (cond["reason"], cond["message"]) in posted:  # e.g. Ready=False and Degraded=True, same cause
+                continue
+            posted.add((cond["reason"], cond["message"]))
             bad = (cond["type"] == "Degraded") == (cond["status"] == "True")
             self.emit(body, "Warning" if bad else "Normal", cond["reason"], cond["message"])
-

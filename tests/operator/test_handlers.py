@@ -269,6 +269,7 @@ async def test_invalid_spec_is_reported_not_applied(operator: ClusterEmulator) -
     assert condition(operator, "Ready") == ("False", "InvalidSpec")
     assert children_in(operator) == {}
     await until(lambda: any(r == "InvalidSpec" and "vllm" in m for r, m in events(operator)), "InvalidSpec event")
+    assert [r for r, _ in events(operator)] == ["InvalidSpec"]  # one Event, not one per condition
 
 
 async def test_deletion_leaves_nothing_behind_and_rbac_covers_every_call(operator: ClusterEmulator) -> None:
