@@ -7,7 +7,6 @@ a test fails.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -18,21 +17,11 @@ from types import ModuleType
 import httpx
 import pytest
 
-from kubeutil import Kube, Processes, free_port, wait_for
+sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make kubeutil importable
+from kubeutil import ROOT, Kube, Processes, free_port, load_module, wait_for  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "e2e" / "cluster"
 BUILD_TIMEOUT_S = 90 * 60
-
-
-def load_module(path: Path, name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,32 @@ A plain module (e2e/ is no package; pytest puts this directory on sys.path).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Loads a plain helper module by path, once (neither tests/ nor e2e/ is a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 class Kube:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_module
-from kubeutil import Kube
+from kubeutil import ROOT, Kube, load_module
 
 CRD_TESTS = load_module(ROOT / "tests" / "operator" / "test_crd.py", "_pagedkube_e2e_test_crd")
 

@@ -11,8 +11,7 @@ import json
 import pytest
 import yaml
 
-from conftest import ROOT
-from kubeutil import Kube, wait_for
+from kubeutil import ROOT, Kube, wait_for
 
 NS = "e2e-operator"
 NAME = "tiny"

@@ -4,19 +4,20 @@
 #     kube-apiserver kube-controller-manager kube-scheduler  (k8s.io/kubernetes)
 #     kwok kwokctl                                           (sigs.k8s.io/kwok)
 #     etcd                                                   (go.etcd.io/etcd/server/v3)
+#     actionlint                                             (github.com/rhysd/actionlint)
 # Each group is built from a small generated wrapper module with one
 # `go build -o DIR ...` so the packages compile once; a stamp file records the
 # versions so a second run skips the build. Prints the bin dir on stdout.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=e2e/cluster/versions.env
+# shellcheck source=versions.env source-path=SCRIPTDIR
 source "$here/versions.env"
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/pagedkube/e2e/$K8S_VERSION"
 bin="$cache/bin"
 src="$cache/src"
 stamp="$bin/.stamp"
-want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION"
+want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION actionlint=$ACTIONLINT_VERSION"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "$bin"
@@ -105,7 +106,13 @@ GO
   (cd "$d" && go build -trimpath -o "$bin/etcd" -ldflags "-s -w" .)
 }
 
+build_actionlint() {
+  log "building actionlint $ACTIONLINT_VERSION"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
+}
+
 start=$(date +%s)
+build_actionlint
 build_kwok
 build_etcd
 build_k8s

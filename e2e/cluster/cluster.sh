@@ -25,7 +25,8 @@ tools() {
   bin="$("$here/build.sh")"
   kubectl="$("$python" "$root/tests/tools/binaries.py" kubectl)"
   # kwokctl runs `kubectl` from PATH (else it would download one).
-  export PATH="$bin:$(dirname "$kubectl"):$PATH"
+  PATH="$bin:$(dirname "$kubectl"):$PATH"
+  export PATH
 }
 
 healthy() {
