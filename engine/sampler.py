@@ -78,14 +78,15 @@ class Sampler:
         params = [s.params for s in seqs]
         temperature = torch.tensor([p.temperature for p in params], device=device)
         logits = logits / temperature[:, None]
-        min_p = torch.tensor([p.min_p for p in params], device=device)
-        if bool((min_p > 0).any()):
+        # Which steps to run is decided from the Python params, so no device sync happens here.
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=device)
             probs = torch.softmax(logits, dim=-1)
             threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < threshold, float("-inf"))
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device)
-        if bool((top_k < vocab).any()) or bool((top_p < 1).any()):
+        if any(0 < p.top_k < vocab or p.top_p < 1 for p in params):
+            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+            top_p = torch.tensor([p.top_p for p in params], device=device)
             logits = _top_k_top_p(logits, top_k, top_p)
         probs = torch.softmax(logits, dim=-1)
         noise = torch.empty_like(probs)
