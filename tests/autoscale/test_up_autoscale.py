@@ -1,0 +1,186 @@
+"""`pagedkube up --autoscale` as a user runs it: real engine processes with the
+built-in model, the gateway in the supervisor, short windows set by flags.
+
+* a burst scales 1 -> 2 engines, every request is answered, the new engine
+  serves, and after the burst the fleet returns to the minimum;
+* scale from zero: held requests are served once the first engine is ready,
+  requests beyond the hold bound get 503 + Retry-After;
+* SIGTERM stops everything: no engine process outlives `pagedkube up`.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+START_TIMEOUT_S = 240     # engines importing torch on a shared 2-core machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Up:
+    def __init__(self, tmp_path: Path, *flags: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp_path / "up.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", "--port", str(self.port), *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log_path.read_text()
+
+    def engine_pids(self) -> dict[str, int]:
+        return {m[1]: int(m[2]) for m in re.finditer(r"^(engine-\d+) \| INFO: +Started server process \[(\d+)\]",
+                                                      self.text(), re.M)}
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("pagedkube_autoscaler_"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"pagedkube up exited:\n{self.text()[-3000:]}"
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.text()[-4000:]}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(90)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.log.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def assert_stopped_cleanly(up: Up, expected_engines: int) -> None:
+    pids = up.engine_pids()
+    assert up.stop() == 0, up.text()[-3000:]
+    assert len(pids) == expected_engines, pids
+    assert not [pid for pid in pids.values() if alive(pid)], f"orphan engines: {pids}"
+    assert "all stopped" in up.text()
+
+
+async def completion(client: httpx.AsyncClient, url: str, i: int, max_tokens: int = 8) -> httpx.Response:
+    return await client.post(f"{url}/v1/completions", json={
+        "model": "tiny", "prompt": f"My dog number {i} likes to", "max_tokens": max_tokens, "ignore_eos": True})
+
+
+def test_burst_scales_up_serves_everything_and_returns_to_min(tmp_path):
+    up = Up(tmp_path, "--replicas", "1", "--autoscale", "--min-replicas", "1", "--max-replicas", "2",
+            "--target-queue-depth", "1", "--scale-up-window", "0", "--scale-down-window", "4",
+            "--autoscale-interval", "0.5", "--max-num-seqs", "1", "--num-kv-blocks", "64", "--max-model-len", "256")
+    try:
+        up.wait_for(lambda: httpx.get(f"{up.url}/ready", timeout=5).status_code == 200, START_TIMEOUT_S,
+                    "the first engine")
+        assert up.metrics()["pagedkube_autoscaler_desired_replicas"] == 1
+
+        async def burst() -> list[httpx.Response]:
+            answers: list[httpx.Response] = []
+            served_by_new = asyncio.Event()
+            first = up.engine_pids()  # engine-0 only
+            assert list(first) == ["engine-0"]
+
+            async def client(c: int) -> None:
+                async with httpx.AsyncClient(timeout=300) as http:
+                    i = 0
+                    while not served_by_new.is_set():
+                        r = await completion(http, up.url, c * 1000 + i)
+                        answers.append(r)
+                        if r.headers.get("x-pagedkube-endpoint") not in (None, engine0):
+                            served_by_new.set()
+                        i += 1
+
+            engine0 = re.search(r"engine-0 +ready +(\S+)", up.text())[1]
+            await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(6))), START_TIMEOUT_S + 60)
+            return answers
+
+        answers = asyncio.run(burst())
+        assert answers and all(r.status_code == 200 for r in answers), [(r.status_code, r.text) for r in answers
+                                                                         if r.status_code != 200]
+        assert all(len(r.json()["choices"][0]["text"]) > 0 for r in answers)
+        served_by = {r.headers["x-pagedkube-endpoint"] for r in answers}
+        assert len(served_by) == 2
+        m = up.metrics()
+        assert m['pagedkube_autoscaler_scale_events_total{direction="up"}'] >= 1
+        assert "scale up: 1 -> 2 engines" in up.text()
+        # the lull: after the 4 s scale-down window, back to one engine (the other drained and stopped)
+        up.wait_for(lambda: up.metrics()["pagedkube_autoscaler_ready_replicas"] == 1
+                    and re.search(r"engine-\d +stopped", up.text()), 120, "the scale-in")
+        m = up.metrics()
+        assert m["pagedkube_autoscaler_desired_replicas"] == 1
+        assert m['pagedkube_autoscaler_scale_events_total{direction="down"}'] == 1
+        assert "scale down: 2 -> 1 engines" in up.text()
+        r = httpx.post(f"{up.url}/v1/completions", json={"model": "tiny", "prompt": "Cats", "max_tokens": 4},
+                       timeout=120)
+        assert r.status_code == 200
+    finally:
+        assert_stopped_cleanly(up, 2)
+
+
+def test_scale_from_zero_holds_then_serves_and_bounds_the_queue(tmp_path):
+    up = Up(tmp_path, "--replicas", "0", "--autoscale", "--min-replicas", "0", "--max-replicas", "1",
+            "--max-held", "2", "--hold-timeout", "200", "--scale-down-window", "600",
+            "--autoscale-interval", "0.5", "--num-kv-blocks", "64", "--max-model-len", "256")
+    try:
+        up.wait_for(lambda: httpx.get(f"{up.url}/health", timeout=5).status_code == 200, 60, "the gateway")
+        assert httpx.get(f"{up.url}/ready", timeout=5).status_code == 503
+        assert up.metrics()["pagedkube_autoscaler_desired_replicas"] == 0
+        assert up.engine_pids() == {}
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=300) as http:
+                held = [asyncio.create_task(completion(http, up.url, i)) for i in range(2)]
+                while up.metrics().get("pagedkube_autoscaler_held_requests") != 2:
+                    await asyncio.sleep(0.2)
+                over = await asyncio.gather(*(completion(http, up.url, 10 + i) for i in range(2)))
+                return await asyncio.gather(*held), over
+
+        served, over = asyncio.run(asyncio.wait_for(scenario(), START_TIMEOUT_S))
+        for r in over:
+            assert r.status_code == 503
+            assert r.headers["retry-after"] == "5"
+            assert r.json()["error"]["type"] == "ServiceUnavailableError"
+        assert [r.status_code for r in served] == [200, 200]
+        assert all(r.json()["usage"]["completion_tokens"] == 8 for r in served)
+        m = up.metrics()
+        assert m["pagedkube_autoscaler_ready_replicas"] == 1 and m["pagedkube_autoscaler_desired_replicas"] == 1
+        assert m['pagedkube_autoscaler_scale_events_total{direction="up"}'] == 1
+    finally:
+        assert_stopped_cleanly(up, 1)
