@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import socket
 import time
 
 import httpx
@@ -31,6 +33,8 @@ from pagedkube.gateway.routing.prefix_index import PrefixIndex
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import Picker
 from pagedkube.gateway.validation import parse_request, read_body
+
+log = logging.getLogger("pagedkube.gateway")
 
 
 def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
@@ -66,9 +70,14 @@ class Gateway:
         self.autoscaler = None
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # Idle connections expire before uvicorn's 5 s keep-alive closes them on the
+        # engine side, so the proxy rarely reuses a connection the engine is closing.
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
         timeout = httpx.Timeout(self.config.upstream_timeout, connect=self.config.connect_timeout)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        # TCP_NODELAY: httpx writes headers and body separately; with Nagle the body
+        # would wait for the engine's delayed ACK of the headers.
+        transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self.client = httpx.AsyncClient(timeout=timeout, transport=transport)
         # Control-plane calls (feed, metrics, probes) must not wait the long upstream timeout.
         self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout))
         self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
@@ -169,6 +178,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return GatewayError(500, f"Internal gateway error: {type(exc).__name__}", "server_error").response()
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -105,7 +105,7 @@ class Proxy:
                 self.endpoints.release(url)
                 self._count(model_label, 499, started)
                 return Response(status_code=499)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 self.endpoints.release(url)
                 self.endpoints.report_failure(url)
                 self.metrics.retries.labels("connect").inc()
@@ -115,6 +115,15 @@ class Proxy:
                 self.endpoints.release(url)
                 self.endpoints.report_failure(url)
                 return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+                # The connection broke before any response byte (e.g. the engine closed
+                # a kept-alive connection as we reused it, or died mid-request): the
+                # client has seen nothing yet, so the next engine may answer instead.
+                self.endpoints.release(url)
+                self.endpoints.report_failure(url)
+                self.metrics.retries.labels("network").inc()
+                last = upstream_unreachable(f"{url}: {type(e).__name__}")
+                continue
             if upstream.status_code >= 500:
                 content = await upstream.aread()
                 await upstream.aclose()
@@ -142,6 +151,9 @@ class Proxy:
             return Response(status_code=499)
         except httpx.TimeoutException:
             return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
+        except httpx.HTTPError as e:  # broke off mid-body: too late to retry (the engine did the work)
+            return self._error(upstream_unreachable(f"{url}: {type(e).__name__} while reading the answer"),
+                               model_label, started)
         finally:
             await upstream.aclose()
             self.endpoints.release(url)

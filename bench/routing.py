@@ -1,0 +1,384 @@
+"""Routing benchmark: prefix-aware routing vs round-robin and least-load.
+
+    .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 96] [--out build/bench/routing]
+
+Starts N engines (`pagedkube serve`, built-in model, a small KV pool each) and
+one gateway per policy over them, plus one engine with N times the pool (the
+"ideal" cache: everything on one engine, no routing), and runs the workloads of
+bench/workloads.py once per policy. Each policy run uses its own cache_salt, so
+it starts from a cold cache on the same engines (salted blocks never match).
+
+Reports per workload and policy: prefix-cache hit rate (from the engines'
+vllm:prefix_cache_{hits,queries}_total), TTFT p50/p99 (client-side, streaming),
+throughput, and max/mean in-flight load across engines (sampled from the
+gateway's pagedkube_gateway_endpoint_in_flight). Then the gateway's own
+overhead: the same requests straight to a null engine (answers at once, serves
+the built-in tokenizer and an empty cache feed) and through a gateway in front
+of it; the difference of the p50 latencies is routing (render, tokenize, hash,
+pick) plus proxying.
+
+Writes results.json and routing.png to --out; docs/benchmarks.md quotes them.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import Workload, long_document_qa, no_shared_prefix, petcare_chat  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny"
+POLICIES = ("round-robin", "least-load", "prefix")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str]) -> str:
+        port = free_port()
+        log = open(self.log_dir / f"{name}-{port}.log", "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        self.procs.append(subprocess.Popen([sys.executable, *args, "--host", "127.0.0.1", "--port", str(port)],
+                                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+        return f"http://127.0.0.1:{port}"
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def wait_ready(urls: list[str], timeout: float = 600, tokenizer: bool = False) -> None:
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        while True:
+            try:
+                r = httpx.get(url + "/ready", timeout=5)
+                if r.status_code == 200 and (not tokenizer or r.json().get("tokenizer")):
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url} not ready after {timeout} s")
+            time.sleep(0.5)
+
+
+def scrape(url: str, *names: str) -> dict[str, float]:
+    out = dict.fromkeys(names, 0.0)
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        for name in names:
+            if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
+                out[name] += float(line.rsplit(None, 1)[-1])
+    return out
+
+
+def in_flight(gateway: str) -> dict[str, float]:
+    loads = {}
+    for line in httpx.get(gateway + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("pagedkube_gateway_endpoint_in_flight{"):
+            endpoint = line.split('endpoint="', 1)[1].split('"', 1)[0]
+            loads[endpoint] = float(line.rsplit(None, 1)[-1])
+    return loads
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+
+
+async def run_workload(url: str, workload: Workload, salt: str, concurrency: int) -> dict:
+    """Runs every session (turns in order, each with the real replies so far),
+    `concurrency` sessions at a time. Returns client-side timings."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for session in workload.sessions:
+        queue.put_nowait(session)
+    ttfts, latencies, output_tokens, cached, prompt = [], [], 0, 0, 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal output_tokens, cached, prompt
+        while not queue.empty():
+            session = queue.get_nowait()
+            for turn in range(session.num_turns):
+                body = {"model": MODEL, "messages": session.messages(turn), "max_tokens": session.max_tokens,
+                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                        "cache_salt": salt}
+                start, first, text = time.perf_counter(), None, []
+                async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if event["choices"] and first is None:
+                            first = time.perf_counter()
+                        text += [c["delta"].get("content") or "" for c in event["choices"]]
+                        if event.get("usage"):
+                            output_tokens += event["usage"]["completion_tokens"]
+                            prompt += event["usage"]["prompt_tokens"]
+                            cached += event["usage"]["prompt_tokens_details"]["cached_tokens"]
+                end = time.perf_counter()
+                ttfts.append((first or end) - start)
+                latencies.append(end - start)
+                session.replies.append("".join(text))
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return {"wall_s": time.perf_counter() - started, "ttft": ttfts, "latency": latencies,
+            "output_tokens": output_tokens, "usage_cached_tokens": cached, "usage_prompt_tokens": prompt}
+
+
+async def sample_loads(gateway: str | None, stop: asyncio.Event, samples: list[dict]) -> None:
+    while not stop.is_set():
+        if gateway is not None:
+            samples.append(await asyncio.to_thread(in_flight, gateway))
+        try:
+            await asyncio.wait_for(stop.wait(), 0.1)
+        except asyncio.TimeoutError:
+            pass
+
+
+def load_stats(samples: list[dict], bound: float) -> dict:
+    """max/mean in-flight across engines, over samples with at least one request
+    per engine on average (below that, one request alone makes max/mean = n)."""
+    ratios, violations = [], 0
+    for loads in samples:
+        values = list(loads.values())
+        total = sum(values)
+        if not values or total < len(values):
+            continue
+        ratios.append(max(values) / (total / len(values)))
+        if max(values) > math.ceil(bound * total / len(values)):
+            violations += 1
+    return {"max_over_mean_avg": statistics.fmean(ratios) if ratios else float("nan"),
+            "max_over_mean_p50": statistics.median(ratios) if ratios else float("nan"),
+            "max_over_mean_peak": max(ratios, default=float("nan")), "samples": len(ratios),
+            "samples_over_bound": violations}
+
+
+async def measure(url: str, engines: list[str], gateway: str | None, workload: Workload, salt: str,
+                  concurrency: int, bound: float) -> dict:
+    names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+    before = [scrape(e, *names) for e in engines]
+    stop, samples = asyncio.Event(), []
+    sampler = asyncio.create_task(sample_loads(gateway, stop, samples))
+    run = await run_workload(url, workload, salt, concurrency)
+    stop.set()
+    await sampler
+    after = [scrape(e, *names) for e in engines]
+    queries = sum(a[names[0]] - b[names[0]] for a, b in zip(after, before))
+    hits = sum(a[names[1]] - b[names[1]] for a, b in zip(after, before))
+    return {
+        "requests": workload.num_requests,
+        "hit_rate": hits / queries if queries else float("nan"),
+        "ttft_p50_ms": 1000 * percentile(run["ttft"], 50), "ttft_p99_ms": 1000 * percentile(run["ttft"], 99),
+        "latency_p50_ms": 1000 * percentile(run["latency"], 50),
+        "requests_per_s": workload.num_requests / run["wall_s"],
+        "output_tokens_per_s": run["output_tokens"] / run["wall_s"],
+        "usage_cached_fraction": run["usage_cached_tokens"] / max(1, run["usage_prompt_tokens"]),
+        **load_stats(samples, bound),
+    }
+
+
+def workloads(seed: int) -> list[Workload]:
+    return [petcare_chat(num_sessions=12, turns=8, seed=seed),
+            long_document_qa(num_documents=4, questions_per_document=4, sentences=20, seed=seed),
+            no_shared_prefix(num_prompts=16, seed=seed)]
+
+
+# -- gateway overhead against a null engine --------------------------------------------------
+
+def null_engine_main(port: int) -> None:
+    """An engine that answers at once: /ready, /v1/models, the cache config and
+    tokenizer of the built-in model, an empty feed, and a fixed completion."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    from pagedkube import hashing
+    from pagedkube.tokenizer import TOKENIZER_FILES
+
+    model_dir = REPO / "pagedkube" / "builtin" / "tiny"
+    files = {n: (model_dir / n).read_text() for n in TOKENIZER_FILES if (model_dir / n).is_file()}
+    answer = {"id": "x", "object": "chat.completion", "model": MODEL,
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
+                        "prompt_tokens_details": {"cached_tokens": 0}}}
+    app = FastAPI()
+    app.get("/ready")(lambda: {"status": "ready"})
+    app.get("/metrics")(lambda: JSONResponse({}))
+    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+    app.get("/v1/cache/config")(lambda: {**hashing.cache_config(16), "engine_id": "null"})
+    app.get("/v1/cache/events")(lambda: {"engine_id": "null", "latest_seq": 0, "reset": False, "events": []})
+    app.get("/v1/cache/tokenizer")(lambda: {"files": files})
+    app.post("/v1/chat/completions")(lambda: answer)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def overhead(procs: Procs, seed: int, n: int = 200) -> dict:
+    port = free_port()
+    procs.procs.append(subprocess.Popen([sys.executable, __file__, "--null-engine", str(port)], cwd=REPO))
+    null = f"http://127.0.0.1:{port}"
+    wait_ready([null])
+    gateway = procs.start("gateway-null", ["-m", "pagedkube", "gateway", "--endpoints", null])
+    wait_ready([gateway], tokenizer=True)
+    sessions = petcare_chat(num_sessions=n // 4, turns=4, seed=seed).sessions
+    bodies = []
+    for s in sessions:
+        s.replies = ["Twice a day is fine for most adult dogs; split the food into two meals."] * 4
+        bodies += [{"model": MODEL, "messages": s.messages(t), "max_tokens": 4} for t in range(4)]
+    # Alternate direct and gateway requests so both see the same machine load;
+    # the overhead is the median of the per-pair differences.
+    direct, via = [], []
+    with httpx.Client(timeout=30) as client:
+        for body in bodies * 2:
+            for url, times in ((null, direct), (gateway, via)):
+                start = time.perf_counter()
+                client.post(url + "/v1/chat/completions", json=body).raise_for_status()
+                times.append(time.perf_counter() - start)
+    return {"requests": len(direct), "direct_p50_ms": 1000 * statistics.median(direct),
+            "gateway_p50_ms": 1000 * statistics.median(via),
+            "overhead_p50_ms": 1000 * statistics.median([v - d for v, d in zip(via, direct)]),
+            "routing_only_p50_ms": routing_only(bodies)}
+
+
+def routing_only(bodies: list[dict]) -> float:
+    """In-process: render + tokenize + hash + pick, per request (p50, ms)."""
+    from pagedkube.gateway.prompt import PromptHasher
+    from pagedkube.gateway.routing.bounded_load import BoundedLoad
+    from pagedkube.gateway.routing.picker import PrefixPicker
+    from pagedkube.gateway.routing.prefix_index import PrefixIndex
+    from pagedkube.gateway.routing.ring import RingCache
+    from pagedkube.tokenizer import Tokenizer
+
+    hasher = PromptHasher(Tokenizer.from_pretrained(REPO / "pagedkube" / "builtin" / "tiny"))
+    picker = PrefixPicker(PrefixIndex(), BoundedLoad(1.25), RingCache())
+    pods = [f"http://10.0.0.{i}:8000" for i in range(4)]
+    times = []
+    for body in bodies * 2:
+        start = time.perf_counter()
+        picker.pick(hasher.routing_input("chat", body, None), pods, dict.fromkeys(pods, 1))
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+def chart(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["runs"]["petcare_chat"])
+    wl = list(results["runs"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(names)
+    for i, policy in enumerate(names):
+        axes[0].bar([j + i * width for j in range(len(wl))], [results["runs"][w][policy]["hit_rate"] for w in wl],
+                    width, label=policy)
+        axes[1].bar([j + i * width for j in range(len(wl))],
+                    [results["runs"][w][policy]["ttft_p50_ms"] for w in wl], width, label=policy)
+    for ax, title in zip(axes, ("prefix-cache hit rate", "TTFT p50 (ms)")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(wl))], wl)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{results['engines']} engines x {results['kv_blocks']} KV blocks vs one engine x "
+                 f"{results['engines'] * results['kv_blocks']} (ideal)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+async def bench(args: argparse.Namespace, procs: Procs) -> dict:
+    common = ["-m", "pagedkube", "serve", "--device", args.device, "--served-model-name", MODEL,
+              "--max-model-len", "1024", "--max-num-seqs", "16"]
+    engines = [procs.start(f"engine{i}", [*common, "--num-kv-blocks", str(args.kv_blocks)])
+               for i in range(args.engines)]
+    ideal = procs.start("ideal", [*common, "--num-kv-blocks", str(args.kv_blocks * args.engines)])
+    wait_ready(engines + [ideal])
+    gateways = {p: procs.start(f"gateway-{p}", ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
+                                                 "--routing", p, "--load-bound", str(args.load_bound)])
+                for p in POLICIES}
+    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal])
+    wait_ready(list(gateways.values()), tokenizer=True)
+    runs: dict = {}
+    for workload in workloads(args.seed):
+        runs[workload.name] = {}
+        for policy, gateway in gateways.items():
+            targets = [ideal] if policy == "ideal" else engines
+            salt = f"{policy}-{workload.name}-{args.seed}"
+            result = await measure(gateway, targets, gateway if policy != "ideal" else None, workload.fresh(), salt,
+                                   args.concurrency, args.load_bound)
+            runs[workload.name][policy] = result
+            print(f"{workload.name:18s} {policy:12s} hit {result['hit_rate']:.3f}  ttft p50 "
+                  f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
+                  f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
+                  f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)", flush=True)
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", type=int, default=4)
+    parser.add_argument("--kv-blocks", type=int, default=96, help="KV blocks per engine (the ideal has N times)")
+    parser.add_argument("--concurrency", type=int, default=8, help="sessions in flight at once")
+    parser.add_argument("--load-bound", type=float, default=1.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=str(REPO / "build" / "bench" / "routing"))
+    parser.add_argument("--null-engine", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.null_engine:
+        null_engine_main(args.null_engine)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    procs = Procs(out)
+    try:
+        runs = asyncio.run(bench(args, procs))
+        over = overhead(procs, args.seed)
+    finally:
+        procs.stop_all()
+    print(f"gateway overhead p50 {over['overhead_p50_ms']:.2f} ms (routing alone {over['routing_only_p50_ms']:.2f} ms)")
+    results = {"engines": args.engines, "kv_blocks": args.kv_blocks, "concurrency": args.concurrency,
+               "load_bound": args.load_bound, "seed": args.seed, "device": args.device,
+               "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs, "overhead": over}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    chart(results, out / "routing.png")
+    print(f"wrote {out / 'results.json'} and {out / 'routing.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
