@@ -54,8 +54,8 @@ class CacheWorth:
         return samples[-1][1] - samples[0][1]
 
     def least_worth(self, urls: Iterable[str], count: int) -> list[str]:
-        """`count` URLs with the fewest recent hits; ties go to the later URL
-        (engines added last by a scale-up go first), deterministically."""
+        """`count` URLs with the fewest recent hits; ties broken by URL (highest
+        first), so every gateway replica picks the same ones."""
         ranked = sorted(urls, key=lambda u: (self.recent_hits(u), _reverse(u)))
         return ranked[:max(0, count)]
 
