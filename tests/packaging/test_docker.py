@@ -89,7 +89,7 @@ def _content_key(image: str) -> str:
     """Hash of everything the build stage reads; the replay is redone when it changes."""
     digest = hashlib.sha256()
     files = [DOCKERFILES[image], ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "README.md",
-             *sorted((ROOT / "docker").glob("*"))]
+             *sorted(p for p in (ROOT / "docker").glob("*") if p.is_file())]
     for folder in ("pagedkube", "engine", "gateway", "operator"):
         files += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     for path in files:
@@ -195,7 +195,7 @@ def test_triton_launcher_prebuilt_is_found_without_a_compiler(tmp_path):
         "print(compile_so_from_file(**tp.launcher_args()))\n"
         "manager = get_cache_manager('ab' * 32)\n"
         "print(manager.put(b'compiled kernel', 'k.cubin', binary=True))\n")
-    image_env = {**base, "CC": "/nonexistent/cc", "TRITON_CACHE_DIR": str(writable),
+    image_env = {**base, "CC": "/nonexistent/cc", "TRITON_CACHE_DIR": str(writable), "PYTHONDONTWRITEBYTECODE": "1",
                  "PYTHONPATH": str(ROOT / "docker"),
                  "TRITON_CACHE_MANAGER": "pagedkube_triton_cache:PrebuiltFirstCacheManager",
                  "PAGEDKUBE_TRITON_PREBUILT_DIR": str(prebuilt)}
