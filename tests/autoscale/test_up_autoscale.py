@@ -184,3 +184,26 @@ def test_scale_from_zero_holds_then_serves_and_bounds_the_queue(tmp_path):
         assert m['pagedkube_autoscaler_scale_events_total{direction="up"}'] == 1
     finally:
         assert_stopped_cleanly(up, 1)
+
+
+def test_up_without_autoscale_shows_status_and_stops_on_ctrl_c(tmp_path):
+    up = Up(tmp_path, "--replicas", "1", "--num-kv-blocks", "64", "--max-model-len", "256")
+    try:
+        up.wait_for(lambda: httpx.get(f"{up.url}/ready", timeout=5).status_code == 200, START_TIMEOUT_S, "the engine")
+        r = httpx.post(f"{up.url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "How often should I feed my puppy?"}],
+            "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        text = up.wait_for(lambda: "curl http://127.0.0.1" in up.text() and up.text(), 30, "the curl line")
+        assert f"curl http://127.0.0.1:{up.port}/v1/chat/completions -H 'Content-Type: application/json'" in text
+        assert re.search(r"^status +\| gateway +ready +http://127\.0\.0\.1:\d+$", text, re.M)
+        assert re.search(r"^status +\| engine-0 +loading +http://127\.0\.0\.1:\d+ +\(\d+ s\)$", text, re.M)
+        assert re.search(r"^status +\| engine-0 +ready +http://127\.0\.0\.1:\d+ +\(loaded in [\d.]+ s\)$", text, re.M)
+        assert re.search(r"^engine-0 \| .*Uvicorn running on", text, re.M)
+        assert re.search(r"^gateway +\| INFO ", text, re.M)
+        assert "pagedkube_autoscaler_desired_replicas" not in httpx.get(f"{up.url}/metrics").text
+        up.proc.send_signal(signal.SIGINT)   # Ctrl-C
+        assert up.proc.wait(90) == 0
+        assert re.search(r"^status +\| engine-0 +stopped", up.text(), re.M)
+    finally:
+        assert_stopped_cleanly(up, 1)
