@@ -190,6 +190,10 @@ def autoscaling() -> dict:
         (f"max(pagedkube_autoscaler_target_queue_depth{sel})", "target")], w=16)
     lay.panel("Waiting requests (engines)", [(f"sum(vllm:num_requests_waiting{engines})", "waiting")],
               kind="stat", w=8)
+    lay.panel("Held requests (scale from zero)", [(f"sum(pagedkube_autoscaler_held_requests{sel})", "held")],
+              w=16, description="Requests the gateway holds while no engine is ready; they go out when one is.")
+    lay.panel("Acting replica (Lease holder)", [(f"max by (pod) (pagedkube_autoscaler_leader{sel})", "{{pod}}")],
+              kind="stat", w=8, description="1 on the gateway replica that holds the autoscaler Lease.")
     lay.row("Scale events")
     lay.panel("Scale events", [
         (f"sum by (direction) (increase(pagedkube_autoscaler_scale_events_total{sel}[5m]))", "{{direction}}")],

@@ -35,27 +35,19 @@ def _sample_names(registry) -> set[str]:
     return names
 
 
-def _autoscaler_names() -> set[str]:
-    """The autoscaler's registry once it exists; until then the names docs/interfaces.md fixes."""
-    try:
-        from pagedkube.gateway.autoscaler_metrics import AutoscalerMetrics  # type: ignore
-    except ImportError:
-        text = (ROOT / "docs" / "interfaces.md").read_text()
-        line = text[text.index("Autoscaler: `pagedkube_autoscaler"):].split("\n\n")[0]
-        names = set(re.findall(r"`(pagedkube_autoscaler_[a-z_]+)", line))
-        assert len(names) == 5, names
-        return names
-    return _sample_names(AutoscalerMetrics().registry)
-
-
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
     from pagedkube.engine.server.metrics import EngineMetrics
+    from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
     from pagedkube.gateway.metrics import GatewayMetrics
 
     names = _sample_names(EngineMetrics("m", lambda: (None, 0)).registry)
     names |= _sample_names(GatewayMetrics(lambda: {}, lambda: {}).registry)
-    return names | _autoscaler_names()
+    autoscaler = CollectorRegistry()
+    AutoscalerMetrics(autoscaler)
+    return names | _sample_names(autoscaler)
 
 
 def _exprs(dashboard: dict) -> list[str]:
@@ -148,3 +140,4 @@ def test_metric_check_catches_a_renamed_metric(exported):
     assert "vllm:gpu_cache_usage_perc" not in exported  # vLLM's old name (PITFALLS.md)
     assert "pagedkube_gateway_routing_decisions_total" in exported
     assert "vllm:time_to_first_token_seconds_bucket" in exported
+    assert "pagedkube_autoscaler_scale_events_total" in exported
