@@ -1,0 +1,196 @@
+"""Engine server under load: concurrent streaming clients vs offline LLM.generate.
+
+For each concurrency level C (default 1, 8, 32, 64) the script runs C streaming
+clients against a real `pagedkube serve` process, each client sending its share
+of the level's requests one after another (POST /v1/completions, stream=True,
+greedy, EOS ignored so every request makes exactly --output-len tokens). It
+records time to first token, inter-token latency (gap between content chunks, as
+vLLM's benchmark_serving does) and output tokens/s over the level's wall time.
+Then, in the same script and with the server stopped, the offline engine
+(`LLM.generate`) runs the same prompts with max_num_seqs = C: the same batching
+the server sees, without HTTP. The ratio server / offline is the server's cost.
+
+    .venv/bin/python bench/serve_load.py                       # CPU, built-in model, 1 torch thread
+    .venv/bin/python bench/serve_load.py --device cuda --model DIR --threads 0
+
+Results: a table on stdout and bench/out/serve_load.json; record them in
+docs/benchmarks.md, "Engine server (CPU)". Target: >= 85% of offline throughput
+at 32 clients.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+TOPICS = ["feed my cat", "walk my dog", "clean a fish tank", "trim a rabbit's nails", "train a puppy",
+          "bathe a hamster", "choose a bird cage", "brush a horse", "calm an anxious dog", "help an old cat"]
+
+
+def make_prompts(num: int, seed: int = 0) -> list[str]:
+    """Distinct prompts (different first words, so the prefix cache does not help one level more)."""
+    rng = random.Random(seed)
+    return [f"Question {i} from owner {rng.randrange(10**6)}: how should I {rng.choice(TOPICS)} "
+            f"and how often, in {rng.choice(['spring', 'summer', 'autumn', 'winter'])}?" for i in range(num)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+async def one_request(client: httpx.AsyncClient, prompt: str, output_len: int) -> dict:
+    body = {"prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first, last, gaps, tokens = None, None, [], 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if not chunk.get("choices"):
+                continue
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+    return {"ttft": first - start, "itl": gaps, "tokens": tokens}
+
+
+async def run_level(url: str, prompts: list[str], concurrency: int, output_len: int) -> dict:
+    queue = list(prompts)
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        async def worker() -> None:
+            while queue:
+                results.append(await one_request(client, queue.pop(), output_len))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    itl = [g for r in results for g in r["itl"]]
+    tokens = sum(r["tokens"] for r in results)
+    assert tokens == len(prompts) * output_len, (tokens, len(prompts), output_len)
+    return {"requests": len(results), "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+            "ttft_p50_ms": 1e3 * percentile([r["ttft"] for r in results], 0.5),
+            "ttft_p99_ms": 1e3 * percentile([r["ttft"] for r in results], 0.99),
+            "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "pagedkube", "serve", "--port", str(port), "--device", args.device,
+           "--max-num-seqs", str(max(args.levels)), "--max-model-len", str(args.max_model_len),
+           "--max-waiting", "-1", "--log-level", "warning"]
+    if args.model:
+        cmd += ["--model", args.model]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError("server did not become ready")
+
+
+def run_offline(args: argparse.Namespace, prompts: list[str], concurrency: int) -> dict:
+    from pagedkube.engine import LLM, SamplingParams
+    llm = LLM(model=args.model, device=args.device, max_num_seqs=concurrency, max_model_len=args.max_model_len)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model directory (default: the built-in model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--min-requests", type=int, default=8)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in server and offline (0 = default)")
+    parser.add_argument("--out", default="bench/out/serve_load.json")
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+        import torch
+        torch.set_num_threads(args.threads)
+    level_prompts = {c: make_prompts(max(c * args.requests_per_client, args.min_requests), seed=c)
+                     for c in args.levels}
+
+    proc, url = start_server(args, env)
+    server: dict[int, dict] = {}
+    try:
+        asyncio.run(run_level(url, make_prompts(4, seed=999), 2, 4))  # warm-up
+        for c in args.levels:
+            server[c] = asyncio.run(run_level(url, level_prompts[c], c, args.output_len))
+            print(f"server  C={c:3d}: {server[c]['tok_s']:8.1f} tok/s", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    offline = {}
+    for c in args.levels:
+        offline[c] = run_offline(args, level_prompts[c], c)
+        print(f"offline C={c:3d}: {offline[c]['tok_s']:8.1f} tok/s", flush=True)
+
+    print("\n| clients | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | server tok/s | offline tok/s | server / offline |")
+    print("|---|---|---|---|---|---|---|")
+    for c in args.levels:
+        s, o = server[c], offline[c]
+        print(f"| {c} | {s['requests']} | {s['ttft_p50_ms']:.1f} / {s['ttft_p99_ms']:.1f} | "
+              f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} | {s['tok_s']:.1f} | {o['tok_s']:.1f} | "
+              f"{s['tok_s'] / o['tok_s']:.0%} |")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "server": server, "offline": offline}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
