@@ -13,23 +13,25 @@ CRD_TESTS = load_module(ROOT / "tests" / "operator" / "test_crd.py", "_pagedkube
 
 # The API server's message for each invalid LLMService of tests/operator/test_crd.py.
 API_MESSAGES = {
-    "no model": 'spec.model: Required value',
+    "no model": "spec.model: Required value",
     "unknown scheme": 'spec.model.source: Invalid value: "s3://bucket/llama": spec.model.source in body should match',
-    "min > max": "spec.autoscaling: Invalid value: \"object\": autoscaling.minReplicas must not exceed maxReplicas",
-    "replicas above max": "spec: Invalid value: \"object\": replicas must lie within [autoscaling.minReplicas, "
+    "min > max": "spec.autoscaling: Invalid value: autoscaling.minReplicas must not exceed maxReplicas",
+    "replicas above max": "spec: Invalid value: replicas must lie within [autoscaling.minReplicas, "
                           "autoscaling.maxReplicas] when autoscaling",
-    "replicas below min": "spec: Invalid value: \"object\": replicas must lie within",
-    "vllm builtin": "spec: Invalid value: \"object\": the vllm runtime cannot serve builtin://tiny",
+    "replicas below min": "spec: Invalid value: replicas must lie within [autoscaling.minReplicas, "
+                          "autoscaling.maxReplicas] when autoscaling",
+    "vllm builtin": "spec: Invalid value: the vllm runtime cannot serve builtin://tiny; use hf:// or pvc://",
     "bad runtime": 'spec.engine.runtime: Unsupported value: "tgi": supported values: "pagedkube", "vllm"',
-    "bad block size": "spec.engine.blockSize: Unsupported value: 24: supported values: ",
+    "bad block size": 'spec.engine.blockSize: Unsupported value: 24: supported values: "8", "16", "32", "64", "128"',
     "negative replicas": "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",
     "load bound below 1": "spec.gateway.routing.loadBound: Invalid value: 0.9: spec.gateway.routing.loadBound in "
                           "body should be greater than or equal to 1",
-    "unknown policy": 'spec.gateway.routing.policy: Unsupported value: "random"',
+    "unknown policy": 'spec.gateway.routing.policy: Unsupported value: "random": supported values: "prefix", '
+                      '"round-robin", "least-load"',
     "zero queue target": "spec.autoscaling.targetQueueDepth: Invalid value: 0: spec.autoscaling.targetQueueDepth "
                          "in body should be greater than 0",
-    "unknown field": 'unknown field "spec.replica"',
-    "name too long": "<nil>: Invalid value: \"object\": metadata.name must be at most 55 characters",
+    "unknown field": 'strict decoding error: unknown field "spec.replica"',
+    "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
 }
 
