@@ -67,7 +67,7 @@ class Kube:
         return self.run("apply", *ns, "-f", "-", input=text, check=check)
 
     def server_and_ca(self) -> tuple[str, str]:
-        cfg = self.json("config", "view", "--raw", "--minify")
+        cfg = self.json("config", "view", "--raw", "--minify", "--flatten")
         cluster = cfg["clusters"][0]["cluster"]
         return cluster["server"], cluster["certificate-authority-data"]
 

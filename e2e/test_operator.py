@@ -82,7 +82,8 @@ def test_kubectl_scale_changes_the_engine_deployment(llms: Kube, operator) -> No
     llms.run("scale", f"llms/{NAME}", "-n", NS, "--replicas=3")
     wait_for(lambda: engine_replicas(llms) == 3, "engine Deployment at 3 replicas")
     wait_for(lambda: ready_with(llms, 3, operator), "status at 3 ready engines")
-    scale = llms.json("get", "--raw", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices/{NAME}/scale")
+    scale = json.loads(llms.run("get", "--raw",
+                                f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices/{NAME}/scale").stdout)
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"].startswith("app.kubernetes.io/component=engine")
 
