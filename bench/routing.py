@@ -212,7 +212,7 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
 
 
 def workloads(seed: int) -> list[Workload]:
-    return [petcare_chat(num_sessions=12, turns=8, seed=seed),
+    return [petcare_chat(num_sessions=16, turns=8, seed=seed, max_tokens=32),
             long_document_qa(num_documents=4, questions_per_document=4, sentences=20, seed=seed),
             no_shared_prefix(num_prompts=16, seed=seed)]
 
@@ -350,8 +350,8 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--kv-blocks", type=int, default=96, help="KV blocks per engine (the ideal has N times)")
-    parser.add_argument("--concurrency", type=int, default=8, help="sessions in flight at once")
+    parser.add_argument("--kv-blocks", type=int, default=160, help="KV blocks per engine (the ideal has N times)")
+    parser.add_argument("--concurrency", type=int, default=16, help="sessions in flight at once")
     parser.add_argument("--load-bound", type=float, default=1.25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")

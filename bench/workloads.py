@@ -83,6 +83,16 @@ _QUESTIONS = [
 ]
 
 
+_DETAILS = [
+    "We live in a small flat with a park nearby and I work from home most days.",
+    "Last week the vet said everything looked fine, but I still want to be careful.",
+    "Our neighbour's dog visits sometimes and they play in the garden for an hour.",
+    "We usually walk twice a day, once early in the morning and once after dinner.",
+    "My kids like to give treats when I am not looking, which worries me a bit.",
+    "The food we buy is a dry kibble for medium breeds, mixed with some wet food.",
+]
+
+
 def petcare_chat(num_sessions: int = 16, turns: int = 4, seed: int = 0, max_tokens: int = 16) -> Workload:
     rng = random.Random(seed)
     sessions = []
@@ -91,7 +101,9 @@ def petcare_chat(num_sessions: int = 16, turns: int = 4, seed: int = 0, max_toke
         profile = (f"Dog profile: {name}, a {rng.randint(1, 14)} year old {rng.choice(_BREEDS)} weighing "
                    f"{rng.randint(4, 40)} kg who {rng.choice(_TRAITS)} and {rng.choice(_TRAITS)}.")
         system = rng.choice(PETCARE_SYSTEM_PROMPTS) + "\n" + profile
-        questions = [q.format(name=name) for q in rng.sample(_QUESTIONS, turns)]
+        # Each turn carries a detail sentence, as real users write: the conversation,
+        # not the shared system prompt, makes up most of a late turn's prompt.
+        questions = [q.format(name=name) + " " + rng.choice(_DETAILS) for q in rng.sample(_QUESTIONS, turns)]
         sessions.append(Session(f"petcare-{i}", system, questions, max_tokens))
     return Workload("petcare_chat", sessions)
 

@@ -78,11 +78,16 @@ def slice_endpoints(slice_obj: Any, port_name: str = PORT_NAME) -> dict[str, str
 class SliceSet:
     """The merged view of a Service's EndpointSlices."""
 
-    def __init__(self) -> None:
+    def __init__(self, service: str | None = None) -> None:
+        self.service = service
         self.slices: dict[str, dict[str, str]] = {}
 
     def apply(self, event_type: str, slice_obj: Any) -> dict[str, str]:
-        name = _get(_get(slice_obj, "metadata"), "name")
+        metadata = _get(slice_obj, "metadata")
+        name = _get(metadata, "name")
+        labels = _get(metadata, "labels") or {}
+        if self.service is not None and labels.get(SERVICE_LABEL) != self.service:
+            return self.merged()  # the label selector already filters; this guards against an API that does not
         if event_type == "DELETED":
             self.slices.pop(name, None)
         else:
@@ -109,16 +114,24 @@ class KubeDiscovery:
         self._api_factory = api_factory or _default_api
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._api: Any = None
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        api = self._api_factory()
+        api = self._api = self._api_factory()
         self._thread = threading.Thread(target=self._run, args=(loop, api), name="endpointslice-watch",
                                         daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the watch: the thread leaves at once, its open watch request is closed."""
         self._stop.set()
+        api = self._api
+        if api is not None:
+            try:
+                api.api_client.rest_client.pool_manager.clear()  # unblocks a read on the watch stream
+            except Exception:  # best effort: the thread is a daemon and exits on its next event anyway
+                pass
 
     def _run(self, loop: asyncio.AbstractEventLoop, api: Any) -> None:
         from kubernetes import watch
@@ -126,7 +139,7 @@ class KubeDiscovery:
 
         selector = f"{SERVICE_LABEL}={self.service}"
         while not self._stop.is_set():
-            slices = SliceSet()
+            slices = SliceSet(self.service)
             try:
                 listing = api.list_namespaced_endpoint_slice(self.namespace, label_selector=selector)
                 for item in listing.items:
@@ -146,6 +159,8 @@ class KubeDiscovery:
                     log.warning("EndpointSlice watch of %s/%s: %s", self.namespace, self.service, e)
                     self._stop.wait(2.0)
             except Exception as e:  # network errors: keep the last known set, retry
+                if self._stop.is_set():
+                    return
                 log.warning("EndpointSlice watch of %s/%s: %s", self.namespace, self.service, e)
                 self._stop.wait(2.0)
 

@@ -142,6 +142,8 @@ class EngineWatcher:
                     if not matches:
                         log.warning("engine %s cache config %s differs from %s: ignoring its feed",
                                     url, config, self.cache_config)
+                if matches and self.hasher.tokenizer is None:
+                    await self._load_tokenizer(url)  # retried every _TOKENIZER_RETRY_S until it works
                 if matches:
                     r = await self.client.get(f"{url}/v1/cache/events", params={"after": seq})
                     r.raise_for_status()
