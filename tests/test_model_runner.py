@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from model_factory import FAMILIES, load_hf_model, make_tiny_model
 from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.loader import resolve_dtype
+from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.model_runner import DEFAULT_CPU_KV_BYTES, ModelRunner
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import ScheduledSeq, Sequence
@@ -215,3 +217,32 @@ def test_loader_errors(tmp_path):
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="qkv_proj"):
         make_runner(path)
+
+
+def test_dtype_resolution():
+    cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+                                 "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10,
+                                 "torch_dtype": "float16"})
+    assert resolve_dtype("auto", torch.device("cpu"), cfg) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda"), cfg) == torch.float16   # the checkpoint's dtype
+    assert resolve_dtype("bfloat16", torch.device("cpu"), cfg) == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        resolve_dtype("int8", torch.device("cpu"), cfg)
+
+
+def test_bfloat16_runner_tracks_float32(tmp_path):
+    path = make_tiny_model("qwen3", tmp_path / "m")
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        runner = make_runner(path, dtype=dtype)
+        assert runner.kv_caches[0][0].dtype == getattr(torch, dtype)
+        seqs = [make_seq("a", [5, 6, 7, 8, 9, 10], [2, 7]), make_seq("b", [11, 12, 13], [4])]
+        first = [ScheduledSeq(s, s.num_tokens) for s in seqs]
+        logits = [chunk[-1] for chunk in step_logits(runner, first)]
+        for s in seqs:
+            s.num_computed_tokens = s.num_tokens
+            s.append_token(3)
+        logits += [chunk[-1] for chunk in step_logits(runner, [ScheduledSeq(s, 1) for s in seqs])]
+        runs[dtype] = torch.stack(logits)
+    assert runs["bfloat16"].dtype == torch.float32                 # logits are always float32
+    torch.testing.assert_close(runs["bfloat16"], runs["float32"], atol=0.1, rtol=0.05)
