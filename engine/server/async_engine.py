@@ -59,10 +59,7 @@ class RequestStream:
 
     def put(self, item: Any) -> None:
         """Called from the engine thread."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        _deliver([(self, item)])
 
     async def get(self) -> list[Any]:
         """Waits for at least one item and returns everything queued (outputs are
@@ -71,6 +68,25 @@ class RequestStream:
         while not self._queue.empty():
             items.append(self._queue.get_nowait())
         return items
+
+
+def _deliver(pairs: list[tuple[RequestStream, Any]]) -> None:
+    """Hands items to their streams with one event-loop wake-up per loop (not one per
+    item: a step with 64 running requests would otherwise write 64 times to the loop's
+    self-pipe and schedule 64 callbacks)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
+    for stream, item in pairs:
+        by_loop.setdefault(stream._loop, []).append((stream, item))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, batch)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+def _put_all(batch: list[tuple[RequestStream, Any]]) -> None:
+    for stream, item in batch:
+        stream._queue.put_nowait(item)
 
 
 @dataclass
@@ -282,6 +298,7 @@ class AsyncEngine:
 
     def _dispatch(self, outputs: list[Any], step_start: float) -> None:
         now = time.monotonic()
+        deliveries: list[tuple[RequestStream, Any]] = []
         for out in outputs:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:  # aborted while the step ran
@@ -299,11 +316,12 @@ class AsyncEngine:
             if new_tokens > 0:
                 tracked.last_token_time = now
                 tracked.num_output_tokens = num_tokens
-            tracked.stream.put(out)
+            deliveries.append((tracked.stream, out))
             if out.finished:
                 del self._tracked[out.request_id]
                 reasons = {c.finish_reason for c in out.outputs}
                 self._finish_metrics(tracked, "stop" if "stop" in reasons else (reasons.pop() or "stop"))
+        _deliver(deliveries)
 
     def _finish_metrics(self, tracked: _Tracked, reason: str) -> None:
         if self.metrics is None:

@@ -51,8 +51,10 @@ async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bo
 async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Response:
     gen.start()
     if body.stream:
+        async def close() -> None:  # async: runs on the event loop, not in a worker thread
+            gen.close()
         return StreamingResponse(_stream(gen, fmt, body.include_usage, body.continuous_usage),
-                                 media_type="text/event-stream", background=BackgroundTask(gen.close))
+                                 media_type="text/event-stream", background=BackgroundTask(close))
     try:
         outs = await collect(gen, request)
     except ClientDisconnected:
