@@ -45,11 +45,12 @@ def cluster(request: pytest.FixtureRequest, k8s_bin: Path, tmp_path_factory: pyt
     PAGEDKUBE_E2E_KUBECONFIG=PATH uses a running cluster instead (left running)."""
     if os.environ.get("PAGEDKUBE_E2E_KUBECONFIG"):
         return Path(os.environ["PAGEDKUBE_E2E_KUBECONFIG"])
+    env = {**os.environ, "PYTHON": sys.executable}
+
     def down() -> None:
-        subprocess.run([str(CLUSTER / "cluster.sh"), "down"], timeout=300, check=False)
+        subprocess.run([str(CLUSTER / "cluster.sh"), "down"], timeout=300, check=False, env=env)
     request.addfinalizer(down)
-    p = subprocess.run([str(CLUSTER / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "PYTHON": sys.executable})
+    p = subprocess.run([str(CLUSTER / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, f"cluster.sh up failed:\n{p.stderr[-8000:]}"
     return Path(p.stdout.strip().splitlines()[-1])
 
