@@ -59,8 +59,12 @@ up() {
 
 down() {
   if [[ -d "$KWOK_WORKDIR" ]]; then
-    tools
-    kwokctl delete cluster --name "$name" >&2 || true
+    if ! (tools && kwokctl delete cluster --name "$name" >&2); then
+      # no kwokctl (or it failed): stop the processes it recorded, by pid
+      for f in "$KWOK_WORKDIR/clusters/$name"/pids/*.pid; do
+        if [[ -f "$f" ]]; then kill "$(cat "$f")" 2>/dev/null || true; fi
+      done
+    fi
   fi
   rm -rf "$state"
 }
