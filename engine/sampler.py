@@ -104,7 +104,7 @@ class Sampler:
     def _fill_logprobs(outputs: list[SampleOutput], raw_logprobs: torch.Tensor, tokens: torch.Tensor,
                        seqs: list[Sequence], rows: list[int]) -> None:
         sampled = raw_logprobs[rows, tokens[rows]].tolist()
-        max_k = max(seqs[i].params.logprobs for i in rows)
+        max_k = min(max(seqs[i].params.logprobs for i in rows), raw_logprobs.shape[1])
         top_values, top_ids = (raw_logprobs[rows].topk(max_k, dim=-1) if max_k
                                else (raw_logprobs.new_empty(len(rows), 0), tokens.new_empty(len(rows), 0)))
         top_values, top_ids = top_values.tolist(), top_ids.tolist()

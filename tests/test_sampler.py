@@ -116,6 +116,9 @@ def test_logprobs_are_raw_log_softmax():
     assert out[1].top_logprobs == []
     assert out[2].logprob is None and out[2].top_logprobs is None
     assert math.isclose(sum(math.exp(v) for v in expected[0].tolist()), 1.0, rel_tol=1e-5)
+    # Asking for more than the vocabulary returns the whole vocabulary, ranked.
+    every = make_sampler()(logits[:1], [make_seq(temperature=0.0, logprobs=VOCAB + 10)])[0]
+    assert [t for t, _ in every.top_logprobs] == expected[0].argsort(descending=True).tolist()
 
 
 def test_min_tokens_masks_eos_and_stop_token_ids():
