@@ -24,6 +24,16 @@ CLUSTER = ROOT / "e2e" / "cluster"
 BUILD_TIMEOUT_S = 90 * 60
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """pytest-timeout limits each test function, not the fixtures: a first `pytest e2e`
+    on a fresh machine builds the binaries inside the session fixture (up to
+    BUILD_TIMEOUT_S, enforced by subprocess)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600, func_only=True))
+
+
 @pytest.fixture(scope="session")
 def binaries() -> ModuleType:
     return load_module(ROOT / "tests" / "tools" / "binaries.py", "_pagedkube_e2e_binaries")
