@@ -50,7 +50,7 @@ def k8s_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest, k8s_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cluster(request: pytest.FixtureRequest, k8s_bin: Path) -> Path:
     """Starts the cluster (idempotent) and registers its stop before anything can fail.
     PAGEDKUBE_E2E_KUBECONFIG=PATH uses a running cluster instead (left running)."""
     if os.environ.get("PAGEDKUBE_E2E_KUBECONFIG"):
