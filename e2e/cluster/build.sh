@@ -26,7 +26,7 @@ fi
 command -v go >/dev/null || { echo "build.sh: no 'go' on PATH" >&2; exit 3; }
 mkdir -p "$bin" "$src"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-log() { echo "build.sh: $*" >&2; }
+log() { echo "build.sh: [$SECONDS s] $*" >&2; }
 
 # k8s.io/kubernetes: require it, and replace every staging module it points
 # at ./staging/... by the published v0.<minor>.<patch>.
@@ -58,7 +58,7 @@ GO
   ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
   log "building kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION"
-  (cd "$d" && go build -trimpath -o "$bin/" -ldflags "$ld" \
+  (cd "$d" && go build -o "$bin/" -ldflags "$ld" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)
