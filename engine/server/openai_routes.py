@@ -32,12 +32,16 @@ def _sse(data: dict) -> str:
 
 async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bool) -> AsyncIterator[str]:
     try:
-        for choice in fmt.stream_start():
-            yield _sse(fmt.chunk([choice], None, include_usage))
+        start = "".join(_sse(fmt.chunk([choice], None, include_usage)) for choice in fmt.stream_start())
+        if start:
+            yield start
         async with contextlib.aclosing(gen.updates()) as updates:
             async for prompt_idx, out in updates:
-                for choice in fmt.stream_update(prompt_idx, out):
-                    yield _sse(fmt.chunk([choice], fmt.usage() if continuous else None, include_usage))
+                # One chunk per choice (clients read choices[0]), one write per update.
+                events = "".join(_sse(fmt.chunk([choice], fmt.usage() if continuous else None, include_usage))
+                                 for choice in fmt.stream_update(prompt_idx, out))
+                if events:
+                    yield events
         if include_usage:
             yield _sse(fmt.chunk([], fmt.usage(), True))
         yield "data: [DONE]\n\n"
