@@ -4,6 +4,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     config.py         ServerConfig
     app.py            create_app(config) -> FastAPI; health, ready, metrics, API key
     async_engine.py   the engine's own thread, and the asyncio bridge to it
+    streams.py        per-request output streams (engine thread -> event loop)
     protocol.py       request bodies (pydantic, unknown fields rejected)
     serving.py        tokenize, validate, submit, collect; abort on disconnect
     responses.py      OpenAI response and stream-chunk shapes

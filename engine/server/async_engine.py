@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pagedkube.engine.server.errors import APIError
+from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError, deliver, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -37,56 +38,6 @@ MAX_CONSECUTIVE_STEP_FAILURES = 3
 # A step that scheduled nothing while requests wait (e.g. for blocks) is retried
 # after this pause instead of in a hot loop.
 IDLE_STEP_BACKOFF_S = 0.001
-
-
-@dataclass
-class StreamError:
-    request_id: str
-    error: APIError
-
-
-@dataclass
-class StreamAborted:
-    request_id: str
-
-
-class RequestStream:
-    """The outputs of one HTTP request's engine requests, delivered on the event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        """Called from the engine thread."""
-        _deliver([(self, item)])
-
-    async def get(self) -> list[Any]:
-        """Waits for at least one item and returns everything queued (outputs are
-        cumulative, so a consumer that fell behind catches up in one go)."""
-        items = [await self._queue.get()]
-        while not self._queue.empty():
-            items.append(self._queue.get_nowait())
-        return items
-
-
-def _deliver(pairs: list[tuple[RequestStream, Any]]) -> None:
-    """Hands items to their streams with one event-loop wake-up per loop (not one per
-    item: a step with 64 running requests would otherwise write 64 times to the loop's
-    self-pipe and schedule 64 callbacks)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, Any]]] = {}
-    for stream, item in pairs:
-        by_loop.setdefault(stream._loop, []).append((stream, item))
-    for loop, batch in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_put_all, batch)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
-
-
-def _put_all(batch: list[tuple[RequestStream, Any]]) -> None:
-    for stream, item in batch:
-        stream._queue.put_nowait(item)
 
 
 @dataclass
@@ -207,9 +158,9 @@ class AsyncEngine:
             self._stats = engine.stats()
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             logger.exception("building the engine failed")
-            loop.call_soon_threadsafe(_resolve, built, None, exc)
+            loop.call_soon_threadsafe(resolve, built, None, exc)
             return
-        loop.call_soon_threadsafe(_resolve, built, None, None)
+        loop.call_soon_threadsafe(resolve, built, None, None)
         failures = 0
         has_work = False
         while True:
@@ -252,7 +203,7 @@ class AsyncEngine:
                 op[5].put(StreamError(op[1], error))
             elif op[0] == "call":
                 try:
-                    op[3].call_soon_threadsafe(_resolve, op[2], None, error)
+                    op[3].call_soon_threadsafe(resolve, op[2], None, error)
                 except RuntimeError:
                     pass
 
@@ -291,7 +242,7 @@ class AsyncEngine:
                 except Exception as exc:  # noqa: BLE001 - handed to the caller
                     result, error = None, exc
                 try:
-                    loop.call_soon_threadsafe(_resolve, fut, result, error)
+                    loop.call_soon_threadsafe(resolve, fut, result, error)
                 except RuntimeError:
                     pass
         return num_adds
@@ -321,7 +272,7 @@ class AsyncEngine:
                 del self._tracked[out.request_id]
                 reasons = {c.finish_reason for c in out.outputs}
                 self._finish_metrics(tracked, "stop" if "stop" in reasons else (reasons.pop() or "stop"))
-        _deliver(deliveries)
+        deliver(deliveries)
 
     def _finish_metrics(self, tracked: _Tracked, reason: str) -> None:
         if self.metrics is None:
@@ -339,11 +290,3 @@ class AsyncEngine:
             tracked.stream.put(StreamError(request_id, error))
         self._tracked.clear()
 
-
-def _resolve(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)

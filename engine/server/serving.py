@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 
 from pagedkube.engine.sampling_params import SamplingParams
-from pagedkube.engine.server.async_engine import RequestStream, StreamAborted, StreamError
+from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
 from pagedkube.engine.server.errors import APIError, bad_request
 from pagedkube.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedkube.engine.server.state import ServerState
