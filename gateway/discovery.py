@@ -107,10 +107,13 @@ class SliceSet:
 
 class KubeDiscovery:
     def __init__(self, endpoints: EndpointSet, service: str, namespace: str,
-                 api_factory: Callable[[], Any] | None = None):
+                 api_factory: Callable[[], Any] | None = None, watch_timeout: float = 60.0):
         self.endpoints = endpoints
         self.service = service
         self.namespace = namespace
+        # The API server ends a watch after timeoutSeconds; the client gives up a few
+        # seconds later, in case the server (or a proxy) keeps an idle stream open.
+        self.watch_timeout = watch_timeout
         self._api_factory = api_factory or _default_api
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -148,7 +151,9 @@ class KubeDiscovery:
                 version = listing.metadata.resource_version
                 w = watch.Watch()
                 for event in w.stream(api.list_namespaced_endpoint_slice, self.namespace,
-                                      label_selector=selector, resource_version=version, timeout_seconds=60):
+                                      label_selector=selector, resource_version=version,
+                                      timeout_seconds=max(1, int(self.watch_timeout)),
+                                      _request_timeout=self.watch_timeout + 5):
                     if self._stop.is_set():
                         w.stop()
                         return
@@ -161,6 +166,8 @@ class KubeDiscovery:
             except Exception as e:  # network errors: keep the last known set, retry
                 if self._stop.is_set():
                     return
+                if "timed out" in str(e).lower():  # an idle watch the client ended: list and watch again
+                    continue
                 log.warning("EndpointSlice watch of %s/%s: %s", self.namespace, self.service, e)
                 self._stop.wait(2.0)
 
