@@ -31,7 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--feed-interval", type=float, default=0.25, help="seconds between cache feed polls")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
     p.add_argument("--ring-key-blocks", type=int, default=16,
-                   help="completions: the ring key is the hash of the first N blocks (default 16)")
+                   help="the ring key is the hash of the first N blocks of the prompt head (default 16)")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold a request while no engine is ready "
                         "(default 0: 503 at once; with --autoscale 120, for scale from zero)")

@@ -16,6 +16,8 @@ import httpx
 import pytest
 import uvicorn
 
+pytestmark = pytest.mark.slow  # a real gateway process
+
 CHUNKS = [b": keep-alive comment\r\n\r\n", b'data:{"choices": [{"text": "h', b'\xc3', b'\xa9"}]}\r\n\r\n',
           b'data: {"choices": [], "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}}\n\n',
           b"data: [DONE]\n\n"]

@@ -16,6 +16,8 @@ import pytest
 from pagedkube import hashing
 from pagedkube.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.slow  # real processes (engines start in tens of seconds)
+
 MODEL_NAME = "tiny"  # conftest.MODEL_NAME
 
 KEYS = """

@@ -13,6 +13,8 @@ import httpx
 import openai
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes (engines start in tens of seconds)
+
 MODEL_NAME = "tiny"  # conftest.MODEL_NAME
 DOC = "Guide {d}: dogs need fresh water, daily walks and a calm bed; brush the coat weekly. " * 3
 
