@@ -1,4 +1,5 @@
-"""OpenAI-shaped error bodies: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-shaped error bodies: {"error": {"message", "type", "param", "code"}}, with
+the `type` strings OpenAI's API (and our engine server, engine/server/errors.py) uses."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from starlette.responses import Response
 class GatewayError(Exception):
     """An error the gateway answers itself, without an engine."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",  # noqa: A002
                  param: str | None = None, code: str | int | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status = status
@@ -28,36 +29,36 @@ class GatewayError(Exception):
 
 
 def bad_request(message: str, param: str | None = None) -> GatewayError:
-    return GatewayError(400, message, "BadRequestError", param)
+    return GatewayError(400, message, "invalid_request_error", param)
 
 
 def unauthorized() -> GatewayError:
     return GatewayError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>'.",
-                        "invalid_request_error", None, "invalid_api_key",
+                        "authentication_error", None, "invalid_api_key",
                         headers={"WWW-Authenticate": "Bearer"})
 
 
 def model_not_found(model: str) -> GatewayError:
-    return GatewayError(404, f"The model `{model}` does not exist.", "NotFoundError", "model", 404)
+    return GatewayError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model", "model_not_found")
 
 
 def body_too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"Request body is larger than the gateway's limit of {limit} bytes.",
-                        "BadRequestError", None, 413)
+                        "invalid_request_error", None, 413)
 
 
 def rate_limited(name: str, retry_after: str) -> GatewayError:
     return GatewayError(429, f"Rate limit reached for key '{name}'; retry after {retry_after} s.",
-                        "RateLimitError", None, 429, headers={"Retry-After": retry_after})
+                        "rate_limit_exceeded", None, 429, headers={"Retry-After": retry_after})
 
 
 def no_endpoint() -> GatewayError:
-    return GatewayError(503, "No engine is ready to serve this request.", "ServiceUnavailableError", None, 503)
+    return GatewayError(503, "No engine is ready to serve this request.", "service_unavailable", None, 503)
 
 
 def upstream_unreachable(detail: str) -> GatewayError:
-    return GatewayError(502, f"Could not reach an engine: {detail}", "BadGatewayError", None, 502)
+    return GatewayError(502, f"Could not reach an engine: {detail}", "server_error", None, 502)
 
 
 def upstream_timeout(seconds: float) -> GatewayError:
-    return GatewayError(504, f"The engine did not answer within {seconds:g} s.", "GatewayTimeoutError", None, 504)
+    return GatewayError(504, f"The engine did not answer within {seconds:g} s.", "server_error", None, 504)

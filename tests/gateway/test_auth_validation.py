@@ -78,10 +78,11 @@ def test_parse_request_checks_what_the_gateway_needs():
     assert (ok.kind, ok.model, ok.stream) == ("chat", "m", False)
     chat = "/v1/chat/completions"
     status, error = _status(parse_request, chat, b'{"model": "m", "messages": [', {"m"})
-    assert status == 400 and "not valid JSON" in error["message"] and error["type"] == "BadRequestError"
+    assert status == 400 and "not valid JSON" in error["message"] and error["type"] == "invalid_request_error"
     assert _status(parse_request, chat, b'[1, 2]', None)[0] == 400
     status, error = _status(parse_request, chat, b'{"model": "nope", "messages": [{}]}', {"m"})
-    assert (status, error["param"], error["message"]) == (404, "model", "The model `nope` does not exist.")
+    assert (status, error["param"], error["message"], error["code"]) == (
+        404, "model", "The model `nope` does not exist.", "model_not_found")
     assert parse_request(chat, b'{"model": "nope", "messages": [{}]}', None).model == "nope"  # models unknown yet
     assert _status(parse_request, chat, b'{"messages": []}', None)[0] == 400
     assert _status(parse_request, chat, b'{"messages": [{}], "stream": "yes"}', None)[0] == 400
