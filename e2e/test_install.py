@@ -98,3 +98,15 @@ def test_helm_install_of_the_chart(installed: Kube, binaries, tmp_path: Path) ->
     finally:
         subprocess.run([helm, *env, "uninstall", "e2e-chart", "-n", "e2e-helm", "--wait", "--timeout", "2m"],
                        capture_output=True, timeout=180)
+
+
+def test_the_charts_crd_is_accepted(installed: Kube, binaries) -> None:
+    """The chart's own CRD (templates/crd.yaml, with helm.sh/resource-policy: keep), applied
+    to the API server as a server-side dry run over install.yaml's."""
+    p = subprocess.run([str(binaries.helm_path()), "template", "e2e-chart", str(ROOT / "charts" / "pagedkube"),
+                        "--show-only", "templates/crd.yaml"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "helm.sh/resource-policy: keep" in p.stdout
+    out = installed.run("apply", "--dry-run=server", "-f", "-", input=p.stdout).stdout
+    assert out.strip() == "customresourcedefinition.apiextensions.k8s.io/llmservices.pagedkube.io " \
+                          "configured (server dry run)"
