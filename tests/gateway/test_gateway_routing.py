@@ -123,6 +123,9 @@ def test_a_pod_over_the_bound_is_skipped(cluster, wait_until, metric):
 def test_two_gateways_agree(cluster, wait_until, metric):
     _, gateways = cluster
     one, two = gateways["one"].url, gateways["two"].url
+    # Same inputs: both must see both engines ready (the previous test stopped one for a while).
+    for gw in (one, two):
+        wait_until(lambda: httpx.get(gw + "/ready").json()["endpoints"]["ready"] == 2, timeout=60)
     for i in range(8):
         prompt = f"Agreement check {i}: " + DOC.format(d=100 + i)
         first, second = (one, two) if i % 2 else (two, one)
