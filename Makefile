@@ -3,14 +3,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip
+# -P: never put the working directory on sys.path. The repository root holds
+# operator/ (pagedkube.operator), which would shadow the stdlib `operator` in a
+# fresh venv whose startup has not imported it yet.
+PIP := $(BIN)/python -P -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
 .PHONY: up test test-fast test-wheel test-e2e install bench clean model images
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -P -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
 # Re-install whenever the package metadata changes.
@@ -34,8 +37,8 @@ test-fast: install
 test-wheel: install
 	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
 	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(WHEEL_DIR) .
-	$(PYTHON) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install --quiet $(WHEEL_DIR)/pagedkube-*.whl
+	$(PYTHON) -P -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -P -m pip install --quiet $(WHEEL_DIR)/pagedkube-*.whl
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/pagedkube --help
 	cd /tmp && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/scripts/check_wheel.py
 

@@ -133,7 +133,7 @@ class LocalEngines:
         engine = LocalEngine(f"engine-{self._next_index}", free_port(self.host), self.host)
         self._next_index += 1
         self.engines.append(engine)
-        cmd = [sys.executable, "-m", "pagedkube", "serve", "--host", self.host, "--port", str(engine.port),
+        cmd = [sys.executable, "-P", "-m", "pagedkube", "serve", "--host", self.host, "--port", str(engine.port),
                *self.engine_args]
         engine.proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
