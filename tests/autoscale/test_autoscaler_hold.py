@@ -58,7 +58,7 @@ def test_held_requests_wait_for_an_engine_and_the_bound_answers_503():
 
     over, served, num_held = asyncio.run(scenario())
     assert (over.status, over.headers) == (503, {"Retry-After": "5"})
-    assert over.body()["error"]["type"] == "ServiceUnavailableError"
+    assert over.body()["error"]["type"] == "service_unavailable"
     assert served == [[A], [A]] and num_held == 0
 
 

@@ -176,7 +176,7 @@ def test_scale_from_zero_holds_then_serves_and_bounds_the_queue(tmp_path):
         for r in over:
             assert r.status_code == 503
             assert r.headers["retry-after"] == "5"
-            assert r.json()["error"]["type"] == "ServiceUnavailableError"
+            assert r.json()["error"]["type"] == "service_unavailable"
         assert [r.status_code for r in served] == [200, 200]
         assert all(r.json()["usage"]["completion_tokens"] == 8 for r in served)
         m = up.metrics()
