@@ -179,6 +179,10 @@ def test_scale_from_zero_holds_then_serves_and_bounds_the_queue(tmp_path):
             assert r.json()["error"]["type"] == "service_unavailable"
         assert [r.status_code for r in served] == [200, 200]
         assert all(r.json()["usage"]["completion_tokens"] == 8 for r in served)
+        # Held requests are served the moment the engine is ready; the gauges follow
+        # on the autoscaler's next tick.
+        up.wait_for(lambda: up.metrics().get("pagedkube_autoscaler_ready_replicas") == 1, 30,
+                    "the autoscaler to count the ready engine")
         m = up.metrics()
         assert m["pagedkube_autoscaler_ready_replicas"] == 1 and m["pagedkube_autoscaler_desired_replicas"] == 1
         assert m['pagedkube_autoscaler_scale_events_total{direction="up"}'] == 1
