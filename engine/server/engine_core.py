@@ -83,6 +83,7 @@ class EngineCore:
         self.conn = conn
         self.sent: dict[str, list[_Sent]] = {}
         self.failures = 0
+        self.aborted = False     # an abort changed the stats: send them even if nothing else happened
         self.msg = StepMessage()
         pool = engine.kv_manager.pool
         record = pool.event_sink
@@ -125,8 +126,9 @@ class EngineCore:
 
     def _flush(self) -> None:
         msg = self.msg
-        if not (msg.outputs or msg.errors or msg.kv_events or msg.num_adds):
+        if not (msg.outputs or msg.errors or msg.kv_events or msg.num_adds or self.aborted):
             return
+        self.aborted = False
         msg.stats = self.engine.stats()
         msg.healthy = self.failures < MAX_CONSECUTIVE_STEP_FAILURES
         self.msg = StepMessage()
@@ -148,6 +150,7 @@ class EngineCore:
         elif op[0] == "abort":
             for request_id in op[1]:
                 if self.sent.pop(request_id, None) is not None:
+                    self.aborted = True
                     try:
                         self.engine.abort_request(request_id)
                     except Exception:  # noqa: BLE001
