@@ -35,6 +35,8 @@ from pagedkube.engine.server.streams import RequestStream, StreamAborted, Stream
 
 logger = logging.getLogger(__name__)
 
+MAX_MESSAGES_PER_WAKEUP = 8
+
 
 @dataclass
 class _Tracked:
@@ -161,7 +163,10 @@ class EngineCoreClient:
 
     def _on_readable(self) -> None:
         try:
-            while self._conn.poll(0):
+            # At most a few messages per wake-up, so a fast core cannot starve the handlers.
+            for _ in range(MAX_MESSAGES_PER_WAKEUP):
+                if not self._conn.poll(0):
+                    break
                 kind, msg = self._conn.recv()
                 if kind == "step":
                     self._on_step(msg)

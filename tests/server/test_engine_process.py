@@ -71,3 +71,20 @@ def test_core_exits_when_the_http_process_is_killed(tmp_path):
         wait_until(lambda: not alive(core), timeout=30)
     finally:
         server.kill()
+
+
+def test_engine_in_process_mode_answers_the_same(tmp_path, server):
+    """--engine-in-process (the engine in a thread of the HTTP process) is kept for
+    debugging: same greedy tokens as the default engine-core process."""
+    body = {"prompt": "How often should I feed my cat?", "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    threaded = ServerProcess(tmp_path, "--max-model-len", "512", "--engine-in-process", name="in-process").start()
+    try:
+        assert not [c for c in children(threaded.proc.pid)
+                    if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        with httpx.Client(timeout=60) as c:
+            a = c.post(f"{threaded.url}/v1/completions", json=body).json()["choices"][0]
+            b = c.post(f"{server.url}/v1/completions", json=body).json()["choices"][0]
+    finally:
+        threaded.stop()
+    assert a["text"] == b["text"] and a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+    assert len(a["logprobs"]["tokens"]) == 12
