@@ -95,9 +95,19 @@ async def one_request(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], p
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its live descendants (Linux /proc): the
+    server is two processes, the HTTP process and its engine-core process."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 async def run_level(url: str, prompts: list[str], concurrency: int, output_len: int,
@@ -144,6 +154,8 @@ def start_server(args: argparse.Namespace, env: dict) -> tuple[subprocess.Popen,
            "--max-waiting", "-1", "--log-level", "warning"]
     if args.model:
         cmd += ["--model", args.model]
+    if args.engine_in_process:
+        cmd += ["--engine-in-process"]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -184,6 +196,8 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in server and offline (0 = default)")
+    parser.add_argument("--engine-in-process", action="store_true",
+                        help="serve with the engine in a thread of the HTTP process (the old layout)")
     parser.add_argument("--out", default="bench/out/serve_load.json")
     args = parser.parse_args()
 

@@ -3,7 +3,9 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
 
     config.py         ServerConfig
     app.py            create_app(config) -> FastAPI; health, ready, metrics, API key
-    async_engine.py   the engine's own thread, and the asyncio bridge to it
+    core_client.py    the engine-core process's HTTP-side client (the default)
+    engine_core.py    the engine-core process: owns the LLMEngine, sends per-step deltas
+    async_engine.py   the engine in a thread of the HTTP process (--engine-in-process)
     streams.py        per-request output streams (engine thread -> event loop)
     protocol.py       request bodies (pydantic, unknown fields rejected)
     serving.py        tokenize, validate, submit, collect; abort on disconnect

@@ -2,12 +2,14 @@
 
 Everything an app needs lives on `app.state.server` (a ServerState), built here
 and filled in by the lifespan once the engine is up; two apps in one process
-share nothing. The engine is built inside its own thread (async_engine.py)
-during start-up, so the server answers only once the model is loaded.
+share nothing. The engine is built and stepped in its own process
+(core_client.py + engine_core.py; or in a thread with --engine-in-process,
+async_engine.py) during start-up, so the server answers only once the model is loaded.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 from contextlib import asynccontextmanager
@@ -20,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pagedkube.engine.server.async_engine import AsyncEngine
 from pagedkube.engine.server.cache_feed import router as cache_router
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.core_client import EngineCoreClient
 from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
@@ -31,11 +34,14 @@ logger = logging.getLogger(__name__)
 OPEN_PATHS = ("/health", "/ready", "/metrics")
 
 
+def build_engine(engine_config: Any) -> Any:
+    from pagedkube.engine.llm_engine import LLMEngine
+    return LLMEngine(engine_config)
+
+
 def default_engine_factory(config: ServerConfig) -> Callable[[], Any]:
-    def build() -> Any:
-        from pagedkube.engine.llm_engine import LLMEngine
-        return LLMEngine(config.engine)
-    return build
+    """A picklable factory: the engine-core process gets it through multiprocessing's spawn."""
+    return functools.partial(build_engine, config.engine)
 
 
 class APIKeyMiddleware:
@@ -59,7 +65,11 @@ class APIKeyMiddleware:
 
 
 def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> FastAPI:
-    state = ServerState(config=config, engine=AsyncEngine(engine_factory or default_engine_factory(config)))
+    factory = engine_factory or default_engine_factory(config)
+    # The engine steps in its own process by default (no GIL shared with the HTTP event
+    # loop); --engine-in-process keeps it in a thread of this one, for debugging.
+    engine = AsyncEngine(factory) if config.engine_in_process else EngineCoreClient(factory)
+    state = ServerState(config=config, engine=engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

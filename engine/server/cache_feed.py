@@ -4,8 +4,10 @@
     GET /v1/cache/events?after=SEQ    stored/removed block hashes since SEQ, or a snapshot
     GET /v1/cache/tokenizer           the tokenizer files, so a router tokenizes as we do
 
-The engine's KVEventLog is thread-safe (it takes its own lock), so handlers read
-it directly instead of waiting for the engine thread to finish a step.
+Handlers read `state.info.kv_events` directly: with the engine-core process that is
+the HTTP process's mirror of the core's KVEventLog (same engine_id and sequence
+numbers, fed with every step message); with --engine-in-process it is the engine's
+own log (thread-safe, it takes its own lock).
 """
 from __future__ import annotations
 

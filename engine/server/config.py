@@ -15,6 +15,7 @@ class ServerConfig:
     api_key: str | None = None            # bearer token required on /v1/*, /tokenize, /detokenize
     max_waiting: int | None = 1024        # 4 x vLLM's default max_num_seqs (256); None = unbounded
     drain_timeout: float = 25.0           # seconds; under Kubernetes' default 30 s grace period
+    engine_in_process: bool = False       # step the engine in a thread of the HTTP process (debugging)
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():

@@ -52,6 +52,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=25.0,
                    help="seconds in-flight requests may run after SIGTERM (default 25)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run_serve)
     return p
@@ -69,7 +71,7 @@ def build_config(args: argparse.Namespace):
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
-                        drain_timeout=args.drain_timeout)
+                        drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process)
 
 
 def run_serve(args: argparse.Namespace) -> int:

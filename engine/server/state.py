@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedkube.engine.server.async_engine import AsyncEngine, EngineInfo
+from pagedkube.engine.server.async_engine import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.errors import APIError
 
@@ -14,7 +14,7 @@ from pagedkube.engine.server.errors import APIError
 @dataclass
 class ServerState:
     config: ServerConfig
-    engine: AsyncEngine
+    engine: Any                             # EngineCoreClient (default) or AsyncEngine (--engine-in-process)
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # the KV event log's, once built
     created: int = field(default_factory=lambda: int(time.time()))
     info: EngineInfo | None = None          # set once the engine is built (lifespan start-up)
