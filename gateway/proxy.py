@@ -52,18 +52,16 @@ async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
         pass
 
 
-async def _race_disconnect(request: Request, awaitable: Awaitable):
-    """Awaits `awaitable` unless the client leaves first (then cancels it)."""
+async def _race_disconnect(watcher: asyncio.Future, awaitable: Awaitable):
+    """Awaits `awaitable` unless the client leaves first (`watcher`, which waits
+    for http.disconnect, finishes; then it is cancelled)."""
     task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_until_disconnect(request.receive))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
-        watcher.cancel()
         raise
     if task in done:
-        watcher.cancel()
         return task.result()
     task.cancel()
     try:
@@ -94,13 +92,25 @@ class Proxy:
 
     async def forward(self, request: Request, path: str, body: bytes, decision: Decision,
                       model_label: str, started: float) -> Response:
+        # One watcher for the client's http.disconnect for the whole wait (all
+        # attempts and a non-streamed body); a streamed body is Starlette's to watch.
+        watcher = asyncio.ensure_future(_until_disconnect(request.receive))
+        try:
+            return await self._forward(request, watcher, path, body, decision, model_label, started)
+        finally:
+            watcher.cancel()
+
+    async def _forward(self, request: Request, watcher: asyncio.Future, path: str, body: bytes,
+                       decision: Decision, model_label: str, started: float) -> Response:
         headers = self._request_headers(request)
         last: GatewayError | Response | None = None
         for attempt, url in enumerate(decision.endpoints[:self.options.max_attempts]):
-            upstream_request = self.client.build_request("POST", url + path, content=body, headers=headers)
+            # httpx.Request directly, not client.build_request: no client defaults to merge
+            # (the client sets none the engines need), which costs more than the rest of send.
+            upstream_request = httpx.Request("POST", url + path, content=body, headers=headers)
             self.endpoints.acquire(url)
             try:
-                upstream = await _race_disconnect(request, self.client.send(upstream_request, stream=True))
+                upstream = await _race_disconnect(watcher, self.client.send(upstream_request, stream=True))
             except ClientGone:
                 self.endpoints.release(url)
                 self._count(model_label, 499, started)
@@ -135,17 +145,18 @@ class Proxy:
                 continue
             self.endpoints.report_success(url)
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                watcher.cancel()
                 return self._stream(upstream, url, decision, model_label, started)
-            return await self._whole(request, upstream, url, decision, model_label, started)
+            return await self._whole(watcher, upstream, url, decision, model_label, started)
         if isinstance(last, Response):
             self._count(model_label, last.status_code, started)
             return last
         return self._error(last or upstream_unreachable("no endpoint"), model_label, started)
 
-    async def _whole(self, request: Request, upstream: httpx.Response, url: str, decision: Decision,
+    async def _whole(self, watcher: asyncio.Future, upstream: httpx.Response, url: str, decision: Decision,
                      model_label: str, started: float) -> Response:
         try:
-            content = await _race_disconnect(request, upstream.aread())
+            content = await _race_disconnect(watcher, upstream.aread())
         except ClientGone:
             self._count(model_label, 499, started)
             return Response(status_code=499)
