@@ -127,8 +127,9 @@ class PromptHasher:
         hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
         head = token_ids if key_ids is None else key_ids
         key_blocks = min(len(head) // self.block_size, self.ring_key_blocks)
-        if key_ids is None and key_blocks:
-            key = hashes[key_blocks - 1]
+        if key_blocks and (key_ids is None or token_ids[:key_blocks * self.block_size]
+                           == head[:key_blocks * self.block_size]):
+            key = hashes[key_blocks - 1]  # the head starts the prompt: its chained hash is there already
         elif key_blocks:
             key = hashing.block_hashes(head[:key_blocks * self.block_size], self.block_size, seed=self.seed,
                                        cache_salt=cache_salt)[-1]
