@@ -272,6 +272,7 @@ def overhead(procs: Procs, seed: int, n: int = 200) -> dict:
     return {"requests": len(direct), "direct_p50_ms": 1000 * statistics.median(direct),
             "gateway_p50_ms": 1000 * statistics.median(via),
             "overhead_p50_ms": 1000 * statistics.median([v - d for v, d in zip(via, direct)]),
+            "overhead_p99_ms": 1000 * percentile([v - d for v, d in zip(via, direct)], 99),
             "routing_only_p50_ms": routing_only(bodies)}
 
 
@@ -359,6 +360,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(REPO / "build" / "bench" / "routing"))
+    parser.add_argument("--only", choices=["overhead"],
+                        help="run only this part (overhead: the gateway against a null engine; prints, writes nothing)")
     parser.add_argument("--null-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.null_engine:
@@ -367,6 +370,13 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     procs = Procs(out)
+    if args.only == "overhead":
+        try:
+            over = overhead(procs, args.seed)
+        finally:
+            procs.stop_all()
+        print(json.dumps(over))
+        return 0
     try:
         runs = asyncio.run(bench(args, procs))
         over = overhead(procs, args.seed)

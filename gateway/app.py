@@ -9,9 +9,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 import time
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
@@ -60,7 +60,7 @@ class Gateway:
                                       lambda: {u: e.in_flight for u in self.endpoints.urls()
                                                if (e := self.endpoints.get(u)) is not None})
         self.static_urls = [normalize_url(u) for u in config.endpoints]
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
         self.watcher: EngineWatcher | None = None
         self.proxy: Proxy | None = None
         self.kube: KubeDiscovery | None = None
@@ -72,12 +72,14 @@ class Gateway:
     async def start(self) -> None:
         # Idle connections expire before uvicorn's 5 s keep-alive closes them on the
         # engine side, so the proxy rarely reuses a connection the engine is closing.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
-        timeout = httpx.Timeout(self.config.upstream_timeout, connect=self.config.connect_timeout)
-        # TCP_NODELAY: httpx writes headers and body separately; with Nagle the body
-        # would wait for the engine's delayed ACK of the headers.
-        transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        self.client = httpx.AsyncClient(timeout=timeout, transport=transport)
+        # aiohttp sets TCP_NODELAY on its connections (headers and body may go in separate
+        # writes; with Nagle the body would wait for the engine's delayed ACK of the headers).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.config.upstream_timeout,
+                                        connect=self.config.connect_timeout)
+        # Engines answer uncompressed (usage is read from the bytes) and the bytes pass through as they are.
+        self.client = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"))
         # Control-plane calls (feed, metrics, probes) must not wait the long upstream timeout.
         self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout))
         self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
@@ -106,9 +108,10 @@ class Gateway:
             self.kube.stop()
         if self.watcher is not None:
             await self.watcher.stop()
-        for client in (self.client, getattr(self, "control", None)):
-            if client is not None:
-                await client.aclose()
+        if self.client is not None:
+            await self.client.close()
+        if getattr(self, "control", None) is not None:
+            await self.control.aclose()
 
     def authenticate(self, request: Request, rate_limit: bool = True) -> tuple[str | None, str | None]:
         """(key name, cache salt) for this request; raises 401/429."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from typing import Any
 
 from pagedkube import hashing
@@ -35,6 +36,7 @@ from pagedkube.tokenizer import Tokenizer
 
 DEFAULT_RING_KEY_BLOCKS = 16
 _FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
+DEFAULT_HEAD_CACHE = 4096  # heads (conversation up to the first user message) whose tokens are kept
 
 
 def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
@@ -90,10 +92,13 @@ def raw_text(kind: str, body: dict) -> str:
 
 
 class PromptHasher:
-    """Pure: holds the tokenizer and cache config, no I/O."""
+    """Pure: holds the tokenizer and cache config, no I/O. Every turn of a
+    session repeats its head, so the head's token ids are kept in a bounded LRU
+    keyed on the head's messages and template kwargs (one render + encode less
+    per request after a session's first)."""
 
     def __init__(self, tokenizer: Tokenizer | None, block_size: int = 16, seed: str = hashing.DEFAULT_HASH_SEED,
-                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS):
+                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS, head_cache: int = DEFAULT_HEAD_CACHE):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if ring_key_blocks <= 0:
@@ -102,6 +107,8 @@ class PromptHasher:
         self.block_size = block_size
         self.seed = seed
         self.ring_key_blocks = ring_key_blocks
+        self.head_cache = head_cache
+        self._heads: OrderedDict[str, list[int]] = OrderedDict()
 
     def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
@@ -120,8 +127,9 @@ class PromptHasher:
         hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
         head = token_ids if key_ids is None else key_ids
         key_blocks = min(len(head) // self.block_size, self.ring_key_blocks)
-        if key_ids is None and key_blocks:
-            key = hashes[key_blocks - 1]
+        if key_blocks and (key_ids is None or token_ids[:key_blocks * self.block_size]
+                           == head[:key_blocks * self.block_size]):
+            key = hashes[key_blocks - 1]  # the head starts the prompt: its chained hash is there already
         elif key_blocks:
             key = hashing.block_hashes(head[:key_blocks * self.block_size], self.block_size, seed=self.seed,
                                        cache_salt=cache_salt)[-1]
@@ -141,8 +149,7 @@ class PromptHasher:
             first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
             head = messages[:first_user + 1]
             # Rendered without the generation prompt, so turn 1 and turn 5 agree.
-            key_ids = tok.encode_chat(head, add_generation_prompt=False, **kwargs)
-            return token_ids, key_ids
+            return token_ids, self._head_ids(head, kwargs)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of prompts routes by its first
@@ -151,3 +158,16 @@ class PromptHasher:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt), None
         return [], None
+
+    def _head_ids(self, head: list[dict], kwargs: dict) -> list[int]:
+        key = json.dumps([head, kwargs], sort_keys=True, default=str)
+        ids = self._heads.get(key)
+        if ids is not None:
+            self._heads.move_to_end(key)
+            return ids
+        ids = self.tokenizer.encode_chat(head, add_generation_prompt=False, **kwargs)
+        if self.head_cache > 0:
+            self._heads[key] = ids
+            if len(self._heads) > self.head_cache:
+                self._heads.popitem(last=False)
+        return ids

@@ -9,6 +9,9 @@
 * A client that disconnects cancels the upstream request: while waiting for
   the engine we race its answer against the client's http.disconnect; while
   streaming, Starlette stops the body iterator and we close the upstream.
+
+The upstream client is aiohttp, not httpx: per request it costs a fraction of
+httpx's (the gateway's overhead was mostly the proxy hop).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-import httpx
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -52,18 +55,16 @@ async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
         pass
 
 
-async def _race_disconnect(request: Request, awaitable: Awaitable):
-    """Awaits `awaitable` unless the client leaves first (then cancels it)."""
+async def _race_disconnect(watcher: asyncio.Future, awaitable: Awaitable):
+    """Awaits `awaitable` unless the client leaves first (`watcher`, which waits
+    for http.disconnect, finishes; then it is cancelled)."""
     task = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_until_disconnect(request.receive))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
-        watcher.cancel()
         raise
     if task in done:
-        watcher.cancel()
         return task.result()
     task.cancel()
     try:
@@ -74,7 +75,7 @@ async def _race_disconnect(request: Request, awaitable: Awaitable):
 
 
 class Proxy:
-    def __init__(self, client: httpx.AsyncClient, endpoints: EndpointSet, metrics: GatewayMetrics,
+    def __init__(self, client: aiohttp.ClientSession, endpoints: EndpointSet, metrics: GatewayMetrics,
                  options: ProxyOptions):
         self.client = client
         self.endpoints = endpoints
@@ -85,7 +86,7 @@ class Proxy:
         drop = _DROP_REQUEST | ({"authorization"} if self.options.strip_authorization else set())
         return {k: v for k, v in request.headers.items() if k.lower() not in drop}
 
-    def _response_headers(self, upstream: httpx.Response, url: str, decision: Decision) -> dict[str, str]:
+    def _response_headers(self, upstream: aiohttp.ClientResponse, url: str, decision: Decision) -> dict[str, str]:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
         if self.options.route_headers:
             headers["x-pagedkube-endpoint"] = url
@@ -94,28 +95,37 @@ class Proxy:
 
     async def forward(self, request: Request, path: str, body: bytes, decision: Decision,
                       model_label: str, started: float) -> Response:
+        # One watcher for the client's http.disconnect for the whole wait (all
+        # attempts and a non-streamed body); a streamed body is Starlette's to watch.
+        watcher = asyncio.ensure_future(_until_disconnect(request.receive))
+        try:
+            return await self._forward(request, watcher, path, body, decision, model_label, started)
+        finally:
+            watcher.cancel()
+
+    async def _forward(self, request: Request, watcher: asyncio.Future, path: str, body: bytes,
+                       decision: Decision, model_label: str, started: float) -> Response:
         headers = self._request_headers(request)
         last: GatewayError | Response | None = None
         for attempt, url in enumerate(decision.endpoints[:self.options.max_attempts]):
-            upstream_request = self.client.build_request("POST", url + path, content=body, headers=headers)
             self.endpoints.acquire(url)
             try:
-                upstream = await _race_disconnect(request, self.client.send(upstream_request, stream=True))
+                upstream = await _race_disconnect(watcher, self.client.post(url + path, data=body, headers=headers))
             except ClientGone:
                 self.endpoints.release(url)
                 self._count(model_label, 499, started)
                 return Response(status_code=499)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 self.endpoints.release(url)
                 self.endpoints.report_failure(url)
                 self.metrics.retries.labels("connect").inc()
                 last = upstream_unreachable(f"{url}: {type(e).__name__}")
                 continue
-            except httpx.TimeoutException:
+            except asyncio.TimeoutError:
                 self.endpoints.release(url)
                 self.endpoints.report_failure(url)
                 return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
-            except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            except aiohttp.ClientError as e:
                 # The connection broke before any response byte (e.g. the engine closed
                 # a kept-alive connection as we reused it, or died mid-request): the
                 # client has seen nothing yet, so the next engine may answer instead.
@@ -124,77 +134,87 @@ class Proxy:
                 self.metrics.retries.labels("network").inc()
                 last = upstream_unreachable(f"{url}: {type(e).__name__}")
                 continue
-            if upstream.status_code >= 500:
-                content = await upstream.aread()
-                await upstream.aclose()
+            if upstream.status >= 500:
+                try:
+                    content = await upstream.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    content = b""
+                upstream.release()
                 self.endpoints.release(url)
-                if upstream.status_code != 503:
+                if upstream.status != 503:
                     self.endpoints.report_failure(url)
-                self.metrics.retries.labels(str(upstream.status_code)).inc()
-                last = Response(content, upstream.status_code, self._response_headers(upstream, url, decision))
+                self.metrics.retries.labels(str(upstream.status)).inc()
+                last = Response(content, upstream.status, self._response_headers(upstream, url, decision))
                 continue
             self.endpoints.report_success(url)
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+                watcher.cancel()
                 return self._stream(upstream, url, decision, model_label, started)
-            return await self._whole(request, upstream, url, decision, model_label, started)
+            return await self._whole(watcher, upstream, url, decision, model_label, started)
         if isinstance(last, Response):
             self._count(model_label, last.status_code, started)
             return last
         return self._error(last or upstream_unreachable("no endpoint"), model_label, started)
 
-    async def _whole(self, request: Request, upstream: httpx.Response, url: str, decision: Decision,
+    async def _whole(self, watcher: asyncio.Future, upstream: aiohttp.ClientResponse, url: str, decision: Decision,
                      model_label: str, started: float) -> Response:
         try:
-            content = await _race_disconnect(request, upstream.aread())
+            content = await _race_disconnect(watcher, upstream.read())
         except ClientGone:
+            upstream.close()
             self._count(model_label, 499, started)
             return Response(status_code=499)
-        except httpx.TimeoutException:
+        except asyncio.TimeoutError:
+            upstream.close()
             return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
-        except httpx.HTTPError as e:  # broke off mid-body: too late to retry (the engine did the work)
+        except aiohttp.ClientError as e:  # broke off mid-body: too late to retry (the engine did the work)
+            upstream.close()
             return self._error(upstream_unreachable(f"{url}: {type(e).__name__} while reading the answer"),
                                model_label, started)
         finally:
-            await upstream.aclose()
+            upstream.release()  # back to the pool if read to the end, else closed
             self.endpoints.release(url)
-        if 200 <= upstream.status_code < 300 and b"cached_tokens" in content:
+        if 200 <= upstream.status < 300 and b"cached_tokens" in content:
             try:
                 cached = cached_tokens_of(json.loads(content).get("usage"))
             except (ValueError, AttributeError):
                 cached = None
             if cached:
                 self.metrics.realized_cached_tokens.inc(cached)
-        self._count(model_label, upstream.status_code, started)
-        return Response(content, upstream.status_code, self._response_headers(upstream, url, decision))
+        self._count(model_label, upstream.status, started)
+        return Response(content, upstream.status, self._response_headers(upstream, url, decision))
 
-    def _stream(self, upstream: httpx.Response, url: str, decision: Decision, model_label: str,
+    def _stream(self, upstream: aiohttp.ClientResponse, url: str, decision: Decision, model_label: str,
                 started: float) -> Response:
         scanner = SSEUsageScanner()
-        state = {"done": False, "code": upstream.status_code}
+        state = {"done": False, "code": upstream.status}
 
         async def body():
             first = True
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.content.iter_any():
                     if first:
                         self.metrics.ttft.labels(model_label).observe(time.monotonic() - started)
                         first = False
                     scanner.feed(chunk)
                     yield chunk
-            except httpx.HTTPError:
+            except (aiohttp.ClientError, asyncio.TimeoutError):
                 state["code"] = 502  # the engine broke off mid-stream; the client sees a cut stream
 
         async def cleanup() -> None:
             if state["done"]:
                 return
             state["done"] = True
-            await upstream.aclose()
+            if upstream.content.at_eof():
+                upstream.release()
+            else:
+                upstream.close()  # cut short: the engine sees the connection go and stops
             self.endpoints.release(url)
             if scanner.cached_tokens:
                 self.metrics.realized_cached_tokens.inc(scanner.cached_tokens)
             self._count(model_label, state["code"], started)
 
-        return _CleanupStreamingResponse(body(), cleanup, status_code=upstream.status_code,
+        return _CleanupStreamingResponse(body(), cleanup, status_code=upstream.status,
                                          headers=self._response_headers(upstream, url, decision))
 
     def _count(self, model_label: str, code: int, started: float) -> None:

@@ -97,3 +97,16 @@ def test_no_tokenizer_or_bad_template_falls_back_to_raw_text(tokenizer):
     assert not hasher.routing_input("completion", {"prompt": {"not": "a prompt"}}, None).tokenized
     with pytest.raises(ValueError):
         PromptHasher(tokenizer, block_size=0)
+
+
+def test_head_cache_changes_nothing_and_is_bounded(tokenizer):
+    cached, uncached = PromptHasher(tokenizer, block_size=4, head_cache=2), PromptHasher(tokenizer, block_size=4,
+                                                                                          head_cache=0)
+    for profile in ("Rex, a beagle", "Tom, a cat", "Ada, a parrot"):
+        for turns in (1, 2, 3):
+            body = {"messages": session(profile, turns)}
+            for salt in (None, "tenant-a"):
+                assert cached.routing_input("chat", body, salt) == uncached.routing_input("chat", body, salt)
+    head = template_messages(session("Ada, a parrot", 1))
+    assert len(cached._heads) == 2 and not uncached._heads
+    assert list(cached._heads.values())[-1] == tokenizer.encode_chat(head, add_generation_prompt=False)
