@@ -12,24 +12,12 @@ import httpx
 import pytest
 import uvicorn
 
-from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.app import create_app
 from pagedkube.engine.server.config import ServerConfig
 
+from fault_engine import FAIL_MARK, faulty_engine  # tests/ is on sys.path: the spawned engine core imports it too
+
 from .conftest import free_port, wait_until
-
-FAIL_MARK = "<<fail-the-step>>"
-
-
-def faulty_engine():
-    from pagedkube.engine.llm_engine import LLMEngine
-
-    class FaultyEngine(LLMEngine):
-        def step(self):
-            if any(FAIL_MARK in (state.params.stop or []) for state in self._requests.values()):
-                raise RuntimeError("injected fault")
-            return super().step()
-    return FaultyEngine(EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=64))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,20 @@
+"""An engine factory with one injected fault, for tests/server/test_engine_faults.py.
+
+It lives in a plain module on sys.path (pyproject: pythonpath = ["tests"]) because the
+engine core runs in a spawned process that imports the factory by name; a function
+in a test module loaded with --import-mode=importlib cannot be imported there.
+"""
+from pagedkube.engine.config import EngineConfig
+
+FAIL_MARK = "<<fail-the-step>>"
+
+
+def faulty_engine():
+    from pagedkube.engine.llm_engine import LLMEngine
+
+    class FaultyEngine(LLMEngine):
+        def step(self):
+            if any(FAIL_MARK in (state.params.stop or []) for state in self._requests.values()):
+                raise RuntimeError("injected fault")
+            return super().step()
+    return FaultyEngine(EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=64))
