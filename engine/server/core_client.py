@@ -247,8 +247,5 @@ class EngineCoreClient:
                              {"first_scheduled_time": tracked.first_scheduled})
 
     def _finish_metrics(self, tracked: _Tracked, reason: str) -> None:
-        if self.metrics is None:
-            return
-        now = time.monotonic()
-        queued = (tracked.first_scheduled or now) - tracked.arrival
-        self.metrics.on_finished(reason, e2e=now - tracked.arrival, queue_time=queued)
+        if self.metrics is not None:
+            self.metrics.on_request_end(reason, tracked.arrival, tracked.first_scheduled)

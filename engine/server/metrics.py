@@ -11,6 +11,8 @@ token counts are recorded by the engine thread as outputs arrive.
 """
 from __future__ import annotations
 
+import time
+
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -114,6 +116,11 @@ class EngineMetrics:
         counter.inc()
         self.e2e.observe(e2e)
         self.queue_time.observe(queue_time)
+
+    def on_request_end(self, reason: str, arrival: float, first_scheduled: float | None) -> None:
+        """A request ended now: e2e latency from arrival, queue time until first scheduled."""
+        now = time.monotonic()
+        self.on_finished(reason, e2e=now - arrival, queue_time=(first_scheduled or now) - arrival)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
