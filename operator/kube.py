@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import kubernetes
 
+from pagedkube.kube_call import kube_call
 from pagedkube.operator import naming
 
 # kind -> plural, for every kind the operator reads or writes.
@@ -57,12 +58,7 @@ class Kube:
 
     def _call(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
               body: Any = None, content_type: str = "application/json") -> Any:
-        client = self.api_client
-        _, url, headers, body, _ = client.param_serialize(
-            method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json", "Content-Type": content_type})
-        response = client.call_api(method, url, header_params=headers, body=body)
-        data = response.read()
+        response, data = kube_call(self.api_client, method, path, body=body, content_type=content_type, query=query)
         if response.status >= 400:
             raise kubernetes.client.ApiException(status=response.status, reason=response.reason,
                                                  body=data.decode(errors="replace") if data else None)

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.discovery import SERVICE_LABEL, slice_endpoints
+from pagedkube.kube_call import kube_call
 
 log = logging.getLogger("pagedkube.autoscaler")
 
@@ -40,12 +41,7 @@ class KubeApi:
 
     def call(self, method: str, path: str, *, body: Any = None, content_type: str = "application/json",
              query: list[tuple[str, str]] | None = None) -> tuple[int, Any]:
-        client = self.api_client
-        _, url, headers, body, _ = client.param_serialize(
-            method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json", "Content-Type": content_type})
-        response = client.call_api(method, url, header_params=headers, body=body)
-        data = response.read()
+        response, data = kube_call(self.api_client, method, path, body=body, content_type=content_type, query=query)
         try:
             parsed = json.loads(data) if data else None
         except ValueError:
