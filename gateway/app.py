@@ -1,4 +1,6 @@
-"""create_app(config): the gateway's FastAPI app, its pieces built once here.
+"""create_app(config): the gateway's ASGI app, its pieces built once here.
+The proxied routes go straight to Gateway.handle (gateway/fast_path.py); the
+rest is a FastAPI app.
 
     request -> auth + rate limit -> read and check body -> hash prompt
             -> pick endpoints -> proxy (retries, streaming, metrics)
@@ -24,6 +26,7 @@ from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
 from pagedkube.gateway.errors import GatewayError, no_endpoint, rate_limited, unauthorized
+from pagedkube.gateway.fast_path import FastPath
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
@@ -168,7 +171,7 @@ class Gateway:
         return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+def create_app(config: GatewayConfig) -> FastPath:
     gateway = Gateway(config)
 
     @contextlib.asynccontextmanager
@@ -186,14 +189,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")
         return GatewayError(500, f"Internal gateway error: {type(exc).__name__}", "server_error").response()
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await gateway.handle(request, "/v1/chat/completions")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await gateway.handle(request, "/v1/completions")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -219,4 +214,4 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return app
+    return FastPath(app, gateway.handle)

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from typing import Any
 
 from pagedkube import hashing
 from pagedkube.gateway.routing.types import RoutingInput
+from pagedkube.piece_cache import CachedEncoder
 from pagedkube.tokenizer import Tokenizer
 
 DEFAULT_RING_KEY_BLOCKS = 16
 _FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
-DEFAULT_HEAD_CACHE = 4096  # heads (conversation up to the first user message) whose tokens are kept
 
 
 def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
@@ -93,22 +92,21 @@ def raw_text(kind: str, body: dict) -> str:
 
 class PromptHasher:
     """Pure: holds the tokenizer and cache config, no I/O. Every turn of a
-    session repeats its head, so the head's token ids are kept in a bounded LRU
-    keyed on the head's messages and template kwargs (one render + encode less
-    per request after a session's first)."""
+    session re-sends its history; the tokenizer's pieces between added tokens
+    (each message, in a chat template) are cached (pagedkube.piece_cache), so
+    a turn encodes only its new text."""
 
     def __init__(self, tokenizer: Tokenizer | None, block_size: int = 16, seed: str = hashing.DEFAULT_HASH_SEED,
-                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS, head_cache: int = DEFAULT_HEAD_CACHE):
+                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if ring_key_blocks <= 0:
             raise ValueError(f"ring_key_blocks must be positive, got {ring_key_blocks}")
         self.tokenizer = tokenizer
+        self.encoder = CachedEncoder(tokenizer) if tokenizer is not None else None
         self.block_size = block_size
         self.seed = seed
         self.ring_key_blocks = ring_key_blocks
-        self.head_cache = head_cache
-        self._heads: OrderedDict[str, list[int]] = OrderedDict()
 
     def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
@@ -139,7 +137,7 @@ class PromptHasher:
                             block_size=self.block_size)
 
     def _tokenize(self, kind: str, body: dict) -> tuple[list[int], list[int] | None]:
-        tok = self.tokenizer
+        tok = self.encoder
         assert tok is not None
         if kind == "chat":
             messages = template_messages(body["messages"])
@@ -149,7 +147,7 @@ class PromptHasher:
             first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
             head = messages[:first_user + 1]
             # Rendered without the generation prompt, so turn 1 and turn 5 agree.
-            return token_ids, self._head_ids(head, kwargs)
+            return token_ids, tok.encode_chat(head, add_generation_prompt=False, **kwargs)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of prompts routes by its first
@@ -158,16 +156,3 @@ class PromptHasher:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt), None
         return [], None
-
-    def _head_ids(self, head: list[dict], kwargs: dict) -> list[int]:
-        key = json.dumps([head, kwargs], sort_keys=True, default=str)
-        ids = self._heads.get(key)
-        if ids is not None:
-            self._heads.move_to_end(key)
-            return ids
-        ids = self.tokenizer.encode_chat(head, add_generation_prompt=False, **kwargs)
-        if self.head_cache > 0:
-            self._heads[key] = ids
-            if len(self._heads) > self.head_cache:
-                self._heads.popitem(last=False)
-        return ids

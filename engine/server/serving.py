@@ -135,7 +135,7 @@ def render_chat(state: ServerState, messages: list[dict], add_generation_prompt:
 
 def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> Prepared:
     text = render_chat(state, req.template_messages(), req.add_generation_prompt, req.chat_template_kwargs)
-    ids = state.info.tokenizer.encode(text, add_special_tokens=False)
+    ids = state.chat_encoder().encode(text)
     requested, field = req.requested_max_tokens
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

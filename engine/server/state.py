@@ -9,6 +9,7 @@ from typing import Any
 from pagedkube.engine.server.async_engine import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.errors import APIError
+from pagedkube.piece_cache import CachedEncoder
 
 
 @dataclass
@@ -22,6 +23,14 @@ class ServerState:
     model_name: str = ""
     draining: bool = False
     in_flight: int = 0                      # generation requests not yet answered in full
+    _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
+
+    def chat_encoder(self) -> CachedEncoder:
+        """Encodes rendered chats, caching each message's tokens (a conversation
+        re-sends its history every turn). Only the event loop calls it."""
+        if self._chat_encoder is None:
+            self._chat_encoder = CachedEncoder(self.info.tokenizer)
+        return self._chat_encoder
 
     @property
     def ready(self) -> bool:

@@ -138,6 +138,8 @@ def test_bad_input_is_answered_by_the_gateway_alone(cluster, metric, wait_until)
         error = r.json()["error"]
         assert text in error["message"] and set(error) == {"message", "type", "param", "code"}
         assert "x-pagedkube-endpoint" not in r.headers
+    r = httpx.get(chat, timeout=30)
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and "use POST" in r.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         client(gateways["small"].url).chat.completions.create(
             model="gpt-9", messages=[{"role": "user", "content": "hi"}], max_tokens=2)

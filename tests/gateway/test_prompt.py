@@ -99,14 +99,16 @@ def test_no_tokenizer_or_bad_template_falls_back_to_raw_text(tokenizer):
         PromptHasher(tokenizer, block_size=0)
 
 
-def test_head_cache_changes_nothing_and_is_bounded(tokenizer):
-    cached, uncached = PromptHasher(tokenizer, block_size=4, head_cache=2), PromptHasher(tokenizer, block_size=4,
-                                                                                          head_cache=0)
+def test_cached_pieces_change_nothing(tokenizer):
+    """One hasher sees every session's turns (its piece cache fills); each answer
+    equals a fresh hasher's and the engine's own tokens."""
+    warm = PromptHasher(tokenizer, block_size=4)
     for profile in ("Rex, a beagle", "Tom, a cat", "Ada, a parrot"):
         for turns in (1, 2, 3):
             body = {"messages": session(profile, turns)}
             for salt in (None, "tenant-a"):
-                assert cached.routing_input("chat", body, salt) == uncached.routing_input("chat", body, salt)
-    head = template_messages(session("Ada, a parrot", 1))
-    assert len(cached._heads) == 2 and not uncached._heads
-    assert list(cached._heads.values())[-1] == tokenizer.encode_chat(head, add_generation_prompt=False)
+                ri = warm.routing_input("chat", body, salt)
+                assert ri == PromptHasher(tokenizer, block_size=4).routing_input("chat", body, salt)
+                ids = tokenizer.encode_chat(template_messages(body["messages"]))
+                assert list(ri.block_hashes) == hashing.block_hashes(ids, 4, cache_salt=salt)
+    assert warm.encoder.exact and warm.encoder._pieces
