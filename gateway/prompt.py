@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from typing import Any
 
 from pagedkube import hashing
@@ -36,6 +37,7 @@ from pagedkube.tokenizer import Tokenizer
 
 DEFAULT_RING_KEY_BLOCKS = 16
 _FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
+DEFAULT_HEAD_CACHE = 4096  # heads (conversation up to the first user message) whose tokens are kept
 
 
 def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
@@ -94,10 +96,11 @@ class PromptHasher:
     """Pure: holds the tokenizer and cache config, no I/O. Every turn of a
     session re-sends its history; the tokenizer's pieces between added tokens
     (each message, in a chat template) are cached (pagedkube.piece_cache), so
-    a turn encodes only its new text."""
+    a turn encodes only its new text, and the head's token ids are kept in a
+    bounded LRU (one template render less per request after a session's first)."""
 
     def __init__(self, tokenizer: Tokenizer | None, block_size: int = 16, seed: str = hashing.DEFAULT_HASH_SEED,
-                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS):
+                 ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS, head_cache: int = DEFAULT_HEAD_CACHE):
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if ring_key_blocks <= 0:
@@ -107,6 +110,8 @@ class PromptHasher:
         self.block_size = block_size
         self.seed = seed
         self.ring_key_blocks = ring_key_blocks
+        self.head_cache = head_cache
+        self._heads: OrderedDict[tuple, list[int]] = OrderedDict()
 
     def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
@@ -147,7 +152,7 @@ class PromptHasher:
             first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
             head = messages[:first_user + 1]
             # Rendered without the generation prompt, so turn 1 and turn 5 agree.
-            return token_ids, tok.encode_chat(head, add_generation_prompt=False, **kwargs)
+            return token_ids, self._head_ids(head, kwargs)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of prompts routes by its first
@@ -156,3 +161,18 @@ class PromptHasher:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return list(prompt), None
         return [], None
+
+    def _head_ids(self, head: list[dict], kwargs: dict) -> list[int]:
+        key = (tuple((m["role"], m["content"], m.get("name")) for m in head),
+               json.dumps(kwargs, sort_keys=True, default=str) if kwargs else "")
+        ids = self._heads.get(key)
+        if ids is not None:
+            self._heads.move_to_end(key)
+            return ids
+        assert self.encoder is not None
+        ids = self.encoder.encode_chat(head, add_generation_prompt=False, **kwargs)
+        if self.head_cache > 0:
+            self._heads[key] = ids
+            if len(self._heads) > self.head_cache:
+                self._heads.popitem(last=False)
+        return ids

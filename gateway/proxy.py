@@ -57,21 +57,21 @@ async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
 
 async def _race_disconnect(watcher: asyncio.Future, awaitable: Awaitable):
     """Awaits `awaitable` unless the client leaves first (`watcher`, which waits
-    for http.disconnect, finishes; then it is cancelled)."""
+    for http.disconnect, finishes): then it is cancelled and ClientGone raised."""
     task = asyncio.ensure_future(awaitable)
-    try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
+
+    def client_gone(_: asyncio.Future) -> None:
         task.cancel()
-        raise
-    if task in done:
-        return task.result()
-    task.cancel()
+
+    watcher.add_done_callback(client_gone)
     try:
-        await task
-    except BaseException:
-        pass
-    raise ClientGone()
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and watcher.done() and not watcher.cancelled():
+            raise ClientGone() from None
+        raise
+    finally:
+        watcher.remove_done_callback(client_gone)
 
 
 class Proxy:

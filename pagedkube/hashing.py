@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 from array import array
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 HASH_ALGORITHM = "sha256-chain-u32le-v1"
@@ -26,16 +28,18 @@ DEFAULT_HASH_SEED = ""
 _U32 = struct.Struct("<I")
 
 
+@lru_cache(maxsize=64)
 def root_hash(seed: str = DEFAULT_HASH_SEED) -> bytes:
     """The parent hash of a prompt's first block."""
     return hashlib.sha256(b"pagedkube-root\0" + seed.encode("utf-8")).digest()
 
 
+_U32_TYPECODE = "I" if array("I").itemsize == 4 else "L"
+
+
 def _u32_array(token_ids: Sequence[int]) -> bytes:
-    arr = array("I", token_ids)  # raises OverflowError for negatives / > 2**32-1
-    if arr.itemsize != 4:  # pragma: no cover - "I" is 4 bytes on every platform we ship
-        arr = array("L", token_ids)
-    if struct.pack("=I", 1) != _U32.pack(1):  # big-endian host
+    arr = array(_U32_TYPECODE, token_ids)  # raises OverflowError for negatives / > 2**32-1
+    if sys.byteorder == "big":
         arr.byteswap()
     return arr.tobytes()
 
@@ -77,10 +81,18 @@ def block_hashes(
         parent = root_hash(seed)
     elif parent is None:
         raise ValueError("parent is required when start_block > 0")
+    # The same bytes as hash_block per block, packed once for the whole prompt.
+    data = _u32_array(token_ids[start_block * block_size:num_full * block_size])
+    length = _U32.pack(block_size)
+    no_extra = _U32.pack(0)
+    width = 4 * block_size
     hashes: list[bytes] = []
-    for i in range(start_block, num_full):
-        extra = salt_bytes(cache_salt) if i == 0 else b""
-        parent = hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra)
+    for j, i in enumerate(range(start_block, num_full)):
+        tail = no_extra
+        if i == 0 and cache_salt:
+            salt = salt_bytes(cache_salt)
+            tail = _U32.pack(len(salt)) + salt
+        parent = hashlib.sha256(b"".join((parent, length, data[j * width:(j + 1) * width], tail))).digest()
         hashes.append(parent)
     return hashes
 

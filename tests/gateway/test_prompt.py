@@ -102,7 +102,7 @@ def test_no_tokenizer_or_bad_template_falls_back_to_raw_text(tokenizer):
 def test_cached_pieces_change_nothing(tokenizer):
     """One hasher sees every session's turns (its piece cache fills); each answer
     equals a fresh hasher's and the engine's own tokens."""
-    warm = PromptHasher(tokenizer, block_size=4)
+    warm = PromptHasher(tokenizer, block_size=4, head_cache=2)
     for profile in ("Rex, a beagle", "Tom, a cat", "Ada, a parrot"):
         for turns in (1, 2, 3):
             body = {"messages": session(profile, turns)}
@@ -112,3 +112,6 @@ def test_cached_pieces_change_nothing(tokenizer):
                 ids = tokenizer.encode_chat(template_messages(body["messages"]))
                 assert list(ri.block_hashes) == hashing.block_hashes(ids, 4, cache_salt=salt)
     assert warm.encoder.exact and warm.encoder._pieces
+    head = template_messages(session("Ada, a parrot", 1))
+    assert len(warm._heads) == 2  # bounded
+    assert list(warm._heads.values())[-1] == tokenizer.encode_chat(head, add_generation_prompt=False)
