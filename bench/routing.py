@@ -109,6 +109,15 @@ def in_flight(gateway: str) -> dict[str, float]:
     return loads
 
 
+def decisions(gateway: str) -> dict[str, float]:
+    """The gateway's routing decisions so far, by reason."""
+    out = {}
+    for line in httpx.get(gateway + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("pagedkube_gateway_routing_decisions_total{"):
+            out[line.split('reason="', 1)[1].split('"', 1)[0]] = float(line.rsplit(None, 1)[-1])
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -191,12 +200,14 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
                   concurrency: int, bound: float) -> dict:
     names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
     before = [scrape(e, *names) for e in engines]
+    reasons_before = decisions(url)
     stop, samples = asyncio.Event(), []
     sampler = asyncio.create_task(sample_loads(gateway, stop, samples))
     run = await run_workload(url, workload, salt, concurrency)
     stop.set()
     await sampler
     after = [scrape(e, *names) for e in engines]
+    reasons = {k: v - reasons_before.get(k, 0) for k, v in decisions(url).items()}
     queries = sum(a[names[0]] - b[names[0]] for a, b in zip(after, before))
     hits = sum(a[names[1]] - b[names[1]] for a, b in zip(after, before))
     return {
@@ -207,6 +218,7 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
         "requests_per_s": workload.num_requests / run["wall_s"],
         "output_tokens_per_s": run["output_tokens"] / run["wall_s"],
         "usage_cached_fraction": run["usage_cached_tokens"] / max(1, run["usage_prompt_tokens"]),
+        "routing_decisions": {k: v for k, v in sorted(reasons.items()) if v},
         **load_stats(samples, bound),
     }
 
@@ -347,7 +359,8 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
             print(f"{workload.name:18s} {policy:12s} hit {result['hit_rate']:.3f}  ttft p50 "
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
                   f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
-                  f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)", flush=True)
+                  f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
+                  f"{result['routing_decisions']}", flush=True)
     return runs
 
 
