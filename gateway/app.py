@@ -84,10 +84,13 @@ class Gateway:
         self.client = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
                                             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"))
         # Control-plane calls (feed, metrics, probes) must not wait the long upstream timeout.
-        self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout))
+        engine_auth = f"Bearer {self.config.engine_api_key}" if self.config.engine_api_key else None
+        self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout),
+                                         headers={"Authorization": engine_auth} if engine_auth else None)
         self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
             max_attempts=self.config.max_attempts, upstream_timeout=self.config.upstream_timeout,
-            strip_authorization=self.api_keys is not None, route_headers=self.config.route_headers))
+            strip_authorization=self.api_keys is not None, route_headers=self.config.route_headers,
+            engine_authorization=engine_auth))
         self.watcher = EngineWatcher(self.endpoints, self.index, self.control,
                                      probe_ready=bool(self.static_urls), ring_key_blocks=self.config.ring_key_blocks,
                                      feed_interval=self.config.feed_interval,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
@@ -22,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--load-bound", type=float, default=1.25,
                    help="c in consistent hashing with bounded loads: no engine above c x mean load (default 1.25)")
     p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
+    p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
+                   help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
+                        "every forwarded request (default: $PAGEDKUBE_ENGINE_API_KEY)")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on connect errors / 5xx")
     p.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for engine bytes")
@@ -47,6 +51,7 @@ def config_from_args(args: argparse.Namespace):
         endpoints=[u for u in (args.endpoints or "").split(",") if u.strip()],
         kube_service=args.kube_service, namespace=args.namespace, host=args.host, port=args.port,
         routing=args.routing, load_bound=args.load_bound, api_keys_file=args.api_keys,
+        engine_api_key=args.engine_api_key,
         max_body_bytes=args.max_body_bytes, max_attempts=args.max_attempts,
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,

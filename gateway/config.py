@@ -24,6 +24,7 @@ class GatewayConfig:
     routing: str = "prefix"
     load_bound: float = DEFAULT_LOAD_BOUND
     api_keys_file: str | None = None
+    engine_api_key: str | None = None     # bearer token of engines started with --api-key
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_attempts: int = 3                 # endpoints tried per request (connect errors, 5xx)
     connect_timeout: float = 2.0          # an engine in the same cluster connects in ms
@@ -60,5 +61,7 @@ class GatewayConfig:
         for name in ("connect_timeout", "upstream_timeout", "feed_interval", "scrape_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.engine_api_key is not None and not self.engine_api_key.strip():
+            raise ValueError("--engine-api-key must not be empty")
         if self.eject_seconds < 0 or self.hold_timeout < 0:
             raise ValueError("eject_seconds and hold_timeout must be >= 0")

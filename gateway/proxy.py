@@ -48,6 +48,7 @@ class ProxyOptions:
     upstream_timeout: float = 600.0
     strip_authorization: bool = False
     route_headers: bool = True
+    engine_authorization: str | None = None   # replaces the client's Authorization upstream
 
 
 async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
@@ -83,8 +84,12 @@ class Proxy:
         self.options = options
 
     def _request_headers(self, request: Request) -> dict[str, str]:
-        drop = _DROP_REQUEST | ({"authorization"} if self.options.strip_authorization else set())
-        return {k: v for k, v in request.headers.items() if k.lower() not in drop}
+        own = self.options.engine_authorization
+        drop = _DROP_REQUEST | ({"authorization"} if self.options.strip_authorization or own else set())
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in drop}
+        if own:
+            headers["Authorization"] = own
+        return headers
 
     def _response_headers(self, upstream: aiohttp.ClientResponse, url: str, decision: Decision) -> dict[str, str]:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE}
