@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkube.operator import naming
+from pagedkube.operator.builders.common import RUN_AS_USER
 from pagedkube.operator.builders.rbac import GATEWAY_RULES
 from pagedkube.operator.crd import build_crd
 
@@ -66,7 +67,7 @@ def operator_deployment(image: str = naming.GATEWAY_IMAGE) -> dict[str, Any]:
                 "metadata": {"labels": _labels()},
                 "spec": {
                     "serviceAccountName": OPERATOR_NAME,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "operator",

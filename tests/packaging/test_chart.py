@@ -164,6 +164,11 @@ def test_operator_deployment_matches_install_yaml(helm, tmp_path):
     for key in ("command", "args", "env", "ports", "livenessProbe", "resources", "securityContext", "volumeMounts"):
         assert chart_c[key] == plain_c[key], key
     assert chart_c["image"] == plain_c["image"] == "ghcr.io/pagedkube/gateway:0.1.0"
+    # The operator runs as the user its image creates (Dockerfile.gateway's USER), as the engine
+    # and gateway pods the operator builds do.
+    user = next(line.split()[1] for line in (ROOT / "Dockerfile.gateway").read_text().splitlines()
+                if line.startswith("USER "))
+    assert f"{chart_spec['securityContext']['runAsUser']}:{chart_spec['securityContext']['runAsGroup']}" == user
 
 
 def test_values_reach_the_deployment(helm, tmp_path):
