@@ -132,11 +132,13 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
     for session in workload.sessions:
         queue.put_nowait(session)
     ttfts, latencies, output_tokens, cached, prompt = [], [], 0, 0, 0
+    stayed = moved = 0  # later turns on the engine of the session's previous turn, or not
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal output_tokens, cached, prompt
+        nonlocal output_tokens, cached, prompt, stayed, moved
         while not queue.empty():
             session = queue.get_nowait()
+            previous = None
             for turn in range(session.num_turns):
                 body = {"model": MODEL, "messages": session.messages(turn), "max_tokens": session.max_tokens,
                         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
@@ -145,6 +147,10 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
                 async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
                         raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
+                    engine = r.headers.get("x-pagedkube-endpoint")
+                    if previous is not None and engine is not None:
+                        stayed, moved = stayed + (engine == previous), moved + (engine != previous)
+                    previous = engine
                     async for line in r.aiter_lines():
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
@@ -165,7 +171,8 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return {"wall_s": time.perf_counter() - started, "ttft": ttfts, "latency": latencies,
-            "output_tokens": output_tokens, "usage_cached_tokens": cached, "usage_prompt_tokens": prompt}
+            "output_tokens": output_tokens, "usage_cached_tokens": cached, "usage_prompt_tokens": prompt,
+            "same_engine_as_previous_turn": stayed / (stayed + moved) if stayed + moved else float("nan")}
 
 
 async def sample_loads(gateway: str | None, stop: asyncio.Event, samples: list[dict]) -> None:
@@ -219,6 +226,7 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
         "output_tokens_per_s": run["output_tokens"] / run["wall_s"],
         "usage_cached_fraction": run["usage_cached_tokens"] / max(1, run["usage_prompt_tokens"]),
         "routing_decisions": {k: v for k, v in sorted(reasons.items()) if v},
+        "same_engine_as_previous_turn": run["same_engine_as_previous_turn"],
         **load_stats(samples, bound),
     }
 
@@ -360,7 +368,8 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
                   f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
                   f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
-                  f"{result['routing_decisions']}", flush=True)
+                  f"{result['routing_decisions']}  same engine as the previous turn "
+                  f"{result['same_engine_as_previous_turn']:.2f}", flush=True)
     return runs
 
 
