@@ -6,9 +6,13 @@ of the level's requests one after another (POST /v1/completions, stream=True,
 greedy, EOS ignored so every request makes exactly --output-len tokens). It
 records time to first token, inter-token latency (gap between content chunks, as
 vLLM's benchmark_serving does) and output tokens/s over the level's wall time.
-Then, in the same script and with the server stopped, the offline engine
-(`LLM.generate`) runs the same prompts with max_num_seqs = C: the same batching
-the server sees, without HTTP. The ratio server / offline is the server's cost.
+Right after each level, in the same script and while the server sits idle (it
+costs no CPU then), the offline engine (`LLM.generate`) runs the same prompts
+with max_num_seqs = C: the same batch size, without HTTP. The ratio server /
+offline is the server's cost. With --repeats R every level is measured R times,
+server and offline alternating, so that a machine whose speed drifts (a shared
+VM) moves both halves of each pair; the table gives the median of the R ratios
+and their range.
 
     .venv/bin/python bench/serve_load.py                       # CPU, built-in model, 1 torch thread
     .venv/bin/python bench/serve_load.py --device cuda --model DIR --threads 0
@@ -26,6 +30,7 @@ import os
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -198,6 +203,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads in server and offline (0 = default)")
     parser.add_argument("--engine-in-process", action="store_true",
                         help="serve with the engine in a thread of the HTTP process (the old layout)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure each level this many times, server and offline alternating (median ratio)")
     parser.add_argument("--out", default="bench/out/serve_load.json")
     args = parser.parse_args()
 
@@ -211,12 +218,16 @@ def main() -> None:
                      for c in args.levels}
 
     proc, url = start_server(args, env)
-    server: dict[int, dict] = {}
+    pairs: dict[int, list[tuple[dict, dict]]] = {c: [] for c in args.levels}
     try:
         asyncio.run(run_level(url, make_prompts(4, seed=999), 2, 4))  # warm-up
-        for c in args.levels:
-            server[c] = asyncio.run(run_level(url, level_prompts[c], c, args.output_len, proc.pid))
-            print(f"server  C={c:3d}: {server[c]['tok_s']:8.1f} tok/s", flush=True)
+        for r in range(args.repeats):
+            for c in args.levels:
+                served = asyncio.run(run_level(url, level_prompts[c], c, args.output_len, proc.pid))
+                offline = run_offline(args, level_prompts[c], c)
+                pairs[c].append((served, offline))
+                print(f"C={c:3d} run {r + 1}: server {served['tok_s']:8.1f} tok/s, offline {offline['tok_s']:8.1f} "
+                      f"tok/s, {served['tok_s'] / offline['tok_s']:.0%}", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -224,19 +235,18 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
 
-    offline = {}
-    for c in args.levels:
-        offline[c] = run_offline(args, level_prompts[c], c)
-        print(f"offline C={c:3d}: {offline[c]['tok_s']:8.1f} tok/s", flush=True)
-
     print("\n| clients | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | server tok/s | offline tok/s "
-          "| server / offline | tok per CPU-s: server / offline |")
+          "| server / offline (median, range) | tok per CPU-s: server / offline |")
     print("|---|---|---|---|---|---|---|---|")
+    server, offline = {}, {}
     for c in args.levels:
-        s, o = server[c], offline[c]
-        print(f"| {c} | {s['requests']} | {s['ttft_p50_ms']:.1f} / {s['ttft_p99_ms']:.1f} | "
-              f"{s['itl_p50_ms']:.1f} / {s['itl_p99_ms']:.1f} | {s['tok_s']:.1f} | {o['tok_s']:.1f} | "
-              f"**{s['tok_s'] / o['tok_s']:.0%}** | {s['tok_per_server_cpu_s']:.0f} / {o['tok_per_cpu_s']:.0f} |")
+        ratios = sorted(sv["tok_s"] / of["tok_s"] for sv, of in pairs[c])
+        s_, o = min(pairs[c], key=lambda p: abs(p[0]["tok_s"] / p[1]["tok_s"] - statistics.median(ratios)))
+        server[c], offline[c] = [p[0] for p in pairs[c]], [p[1] for p in pairs[c]]
+        spread = f" ({ratios[0]:.0%}-{ratios[-1]:.0%})" if len(ratios) > 1 else ""
+        print(f"| {c} | {s_['requests']} | {s_['ttft_p50_ms']:.1f} / {s_['ttft_p99_ms']:.1f} | "
+              f"{s_['itl_p50_ms']:.1f} / {s_['itl_p99_ms']:.1f} | {s_['tok_s']:.1f} | {o['tok_s']:.1f} | "
+              f"**{statistics.median(ratios):.0%}**{spread} | {s_['tok_per_server_cpu_s']:.0f} / {o['tok_per_cpu_s']:.0f} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "server": server, "offline": offline}, indent=2))
