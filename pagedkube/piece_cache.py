@@ -16,7 +16,10 @@ goes to the tokenizer. Not covered, so never cached:
     words, or are matched after normalization;
   * a Metaspace pre-tokenizer that prepends "▁" only to the first piece of the
     text (`prepend_scheme: first`), since a piece does not know where it was;
-  * a post-processor that adds ids (only `add_special_tokens=True` runs it).
+  * `add_special_tokens=True` with a post-processor that adds ids (Llama 3's
+    BOS template): those calls go to the tokenizer. Chats are rendered with
+    their special tokens in the text and encoded without, so they still use the
+    cache.
 """
 from __future__ import annotations
 
@@ -44,10 +47,13 @@ def _exact_by_construction(tokenizer_json: dict) -> bool:
         if token.get("lstrip") or token.get("rstrip") or token.get("single_word") or token.get("normalized"):
             return False
     parts = json.dumps([tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer")])
-    if "Metaspace" in parts and '"first"' in parts:
-        return False
+    return not ("Metaspace" in parts and '"first"' in parts)
+
+
+def _adds_ids(tokenizer_json: dict) -> bool:
+    """Whether the post-processor may add ids when add_special_tokens=True."""
     processor = tokenizer_json.get("post_processor")
-    return processor is None or processor.get("type") == "ByteLevel"
+    return processor is not None and processor.get("type") != "ByteLevel"
 
 
 class CachedEncoder:
@@ -67,6 +73,7 @@ class CachedEncoder:
         # Leftmost match, longest first at a position: what the tokenizer's splitter does.
         self._split = re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) \
             if added else None
+        self._special_direct = _adds_ids(spec)
         self.exact = max_chars > 0 and _exact_by_construction(spec) and self._self_check()
 
     def _self_check(self) -> bool:
@@ -83,8 +90,7 @@ class CachedEncoder:
         self._chars = 0
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        # Where the cache is exact the post-processor adds nothing, so the flag changes nothing.
-        if not self.exact:
+        if not self.exact or (add_special_tokens and self._special_direct):
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return self._encode_pieces(text)
 

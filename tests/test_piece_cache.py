@@ -4,7 +4,7 @@ import random
 
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from pagedkube.piece_cache import CachedEncoder
 from pagedkube.tokenizer import Tokenizer
@@ -32,6 +32,9 @@ def trained(kind: str, **options) -> Tokenizer:
         alphabet = []
     tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
                                                         initial_alphabet=alphabet, show_progress=False))
+    if options.get("bos_template"):  # as Llama 3: add_special_tokens=True prepends a BOS
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", tok.token_to_id("<s>"))])
     config = {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
     if options.get("lstrip"):
         spec = json.loads(tok.to_str())
@@ -60,12 +63,15 @@ def chats(seed: int) -> list[list[dict]]:
     return out
 
 
-@pytest.fixture(scope="module", params=["builtin", "bytelevel", "bytelevel-prefix-space", "metaspace-always"])
+@pytest.fixture(scope="module", params=["builtin", "bytelevel", "bytelevel-prefix-space", "metaspace-always",
+                                        "bytelevel-bos-template"])
 def tokenizer(request) -> Tokenizer:
     if request.param == "builtin":
         return Tokenizer.from_pretrained(BUILTIN_TINY)
     if request.param == "metaspace-always":
         return trained("metaspace", prepend_scheme="always")
+    if request.param == "bytelevel-bos-template":
+        return trained("bytelevel", bos_template=True)
     return trained("bytelevel", add_prefix_space=request.param.endswith("prefix-space"))
 
 
@@ -74,6 +80,7 @@ def test_ids_equal_the_tokenizers_and_repeats_hit_the_cache(tokenizer):
     assert encoder.exact
     for text in random_texts(0) * 2:  # the second pass comes from the cache
         assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False), text
+        assert encoder.encode(text, add_special_tokens=True) == tokenizer.encode(text, add_special_tokens=True)
     for messages in chats(1) * 2:
         assert encoder.encode_chat(messages) == tokenizer.encode_chat(messages)
         assert encoder.encode_chat(messages, add_generation_prompt=False) == tokenizer.encode_chat(
