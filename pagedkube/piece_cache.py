@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections import OrderedDict
 from typing import Any
 
 from pagedkube.tokenizer import Tokenizer
 
 DEFAULT_MAX_CHARS = 8 << 20  # text kept in the cache (pieces, total characters)
+# Ids are kept as 4-byte arrays: with about 4 characters a token, a full cache holds
+# 8 Mi characters of text plus ~8 MiB of ids (lists of Python ints would take ~9x that).
 _MIN_PIECE = 1  # every piece is cached: a dict lookup costs less than a call into the tokenizer
 
 _SAMPLES = (
@@ -65,7 +68,7 @@ class CachedEncoder:
             raise ValueError(f"max_chars must be >= 0, got {max_chars}")
         self.tokenizer = tokenizer
         self.max_chars = max_chars
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._pieces: OrderedDict[str, array] = OrderedDict()
         self._chars = 0
         spec = json.loads(tokenizer.files["tokenizer.json"])
         added = {t["content"]: t["id"] for t in spec.get("added_tokens") or [] if t.get("content")}
@@ -111,14 +114,14 @@ class CachedEncoder:
             ids += self._piece(text[pos:])
         return ids
 
-    def _piece(self, piece: str) -> list[int]:
+    def _piece(self, piece: str) -> list[int] | array:
         if len(piece) < _MIN_PIECE or len(piece) > self.max_chars:
             return self.tokenizer.encode(piece, add_special_tokens=False)
         ids = self._pieces.get(piece)
         if ids is not None:
             self._pieces.move_to_end(piece)
             return ids
-        ids = self.tokenizer.encode(piece, add_special_tokens=False)
+        ids = array("I", self.tokenizer.encode(piece, add_special_tokens=False))
         self._pieces[piece] = ids
         self._chars += len(piece)
         while self._chars > self.max_chars:
