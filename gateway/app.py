@@ -25,7 +25,7 @@ from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
-from pagedkube.gateway.errors import GatewayError, no_endpoint, rate_limited, unauthorized
+from pagedkube.gateway.errors import GatewayError, internal_error, no_endpoint, rate_limited, unauthorized
 from pagedkube.gateway.fast_path import FastPath
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
@@ -191,7 +191,7 @@ def create_app(config: GatewayConfig) -> FastPath:
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")
-        return GatewayError(500, f"Internal gateway error: {type(exc).__name__}", "server_error").response()
+        return internal_error(exc).response()
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

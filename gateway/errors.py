@@ -56,6 +56,11 @@ def no_endpoint() -> GatewayError:
     return GatewayError(503, "No engine is ready to serve this request.", "service_unavailable", None, 503)
 
 
+def internal_error(exc: Exception) -> GatewayError:
+    """An unexpected error in the gateway itself: a 500 naming only the exception's type."""
+    return GatewayError(500, f"Internal gateway error: {type(exc).__name__}", "server_error")
+
+
 def upstream_unreachable(detail: str) -> GatewayError:
     return GatewayError(502, f"Could not reach an engine: {detail}", "server_error", None, 502)
 

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from pagedkube.gateway.errors import GatewayError
+from pagedkube.gateway.errors import GatewayError, internal_error
 
 log = logging.getLogger("pagedkube.gateway")
 
@@ -45,5 +45,5 @@ class FastPath:
             response = exc.response()
         except Exception as exc:  # as the app's own handler: an OpenAI-shaped 500, the server goes on
             log.exception("unhandled error")
-            response = GatewayError(500, f"Internal gateway error: {type(exc).__name__}", "server_error").response()
+            response = internal_error(exc).response()
         await response(scope, receive, send)

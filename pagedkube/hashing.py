@@ -46,13 +46,13 @@ def _u32_array(token_ids: Sequence[int]) -> bytes:
 
 def hash_block(parent: bytes, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
     """Hash of one block given its parent's hash, its token ids and extra keys."""
-    h = hashlib.sha256()
-    h.update(parent)
-    h.update(_U32.pack(len(token_ids)))
-    h.update(_u32_array(token_ids))
-    h.update(_U32.pack(len(extra)))
-    h.update(extra)
-    return h.digest()
+    return _hash_packed(parent, len(token_ids), _u32_array(token_ids), extra)
+
+
+def _hash_packed(parent: bytes, num_tokens: int, packed_tokens: bytes, extra: bytes) -> bytes:
+    """The one encoding of a block (module docstring), its tokens already packed."""
+    return hashlib.sha256(b"".join((parent, _U32.pack(num_tokens), packed_tokens,
+                                    _U32.pack(len(extra)), extra))).digest()
 
 
 def salt_bytes(cache_salt: str | None) -> bytes:
@@ -81,18 +81,13 @@ def block_hashes(
         parent = root_hash(seed)
     elif parent is None:
         raise ValueError("parent is required when start_block > 0")
-    # The same bytes as hash_block per block, packed once for the whole prompt.
+    # hash_block per block, with the prompt's tokens packed once.
     data = _u32_array(token_ids[start_block * block_size:num_full * block_size])
-    length = _U32.pack(block_size)
-    no_extra = _U32.pack(0)
     width = 4 * block_size
     hashes: list[bytes] = []
     for j, i in enumerate(range(start_block, num_full)):
-        tail = no_extra
-        if i == 0 and cache_salt:
-            salt = salt_bytes(cache_salt)
-            tail = _U32.pack(len(salt)) + salt
-        parent = hashlib.sha256(b"".join((parent, length, data[j * width:(j + 1) * width], tail))).digest()
+        extra = salt_bytes(cache_salt) if i == 0 else b""
+        parent = _hash_packed(parent, block_size, data[j * width:(j + 1) * width], extra)
         hashes.append(parent)
     return hashes
 

@@ -63,6 +63,14 @@ class EngineInfo:
     kv_events: Any          # the engine's KVEventLog (thread-safe, read by the cache feed)
 
 
+def plain_facts(engine: Any, stats: Any) -> dict:
+    """EngineInfo's fields that are plain values (all but the tokenizer and the KV
+    event log): the engine-core process sends them over its pipe as they are."""
+    return dict(vocab_size=engine.vocab_size, model_name=engine.model_name, max_model_len=engine.max_model_len,
+                block_size=engine.block_size, hash_seed=getattr(engine.config, "hash_seed", ""),
+                num_kv_blocks=stats.num_kv_blocks)
+
+
 class AsyncEngine:
     def __init__(self, engine_factory: Callable[[], Any], metrics: Any = None):
         self._factory = engine_factory
@@ -150,12 +158,9 @@ class AsyncEngine:
     def _run(self, loop: asyncio.AbstractEventLoop, built: asyncio.Future) -> None:
         try:
             engine = self._factory()
-            self.info = EngineInfo(
-                tokenizer=engine.tokenizer, vocab_size=engine.vocab_size, model_name=engine.model_name,
-                max_model_len=engine.max_model_len, block_size=engine.block_size,
-                hash_seed=getattr(engine.config, "hash_seed", ""),
-                num_kv_blocks=engine.stats().num_kv_blocks, kv_events=engine.kv_events)
             self._stats = engine.stats()
+            self.info = EngineInfo(tokenizer=engine.tokenizer, kv_events=engine.kv_events,
+                                   **plain_facts(engine, self._stats))
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             logger.exception("building the engine failed")
             loop.call_soon_threadsafe(resolve, built, None, exc)

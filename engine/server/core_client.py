@@ -90,9 +90,7 @@ class EngineCoreClient:
         self._stats = facts.stats
         self.info = EngineInfo(
             tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
-            vocab_size=facts.vocab_size, model_name=facts.model_name, max_model_len=facts.max_model_len,
-            block_size=facts.block_size, hash_seed=facts.hash_seed, num_kv_blocks=facts.num_kv_blocks,
-            kv_events=KVEventLog(facts.max_events, engine_id=facts.engine_id))
+            kv_events=KVEventLog(facts.max_events, engine_id=facts.engine_id), **facts.plain)
         self._sender = threading.Thread(target=self._send_loop, name="engine-core-sender", daemon=True)
         self._sender.start()
         self._loop.add_reader(self._conn.fileno(), self._on_readable)

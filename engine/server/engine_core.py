@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pagedkube.engine.server.async_engine import plain_facts
+
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_STEP_FAILURES = 3   # then the engine reports itself unhealthy (/health 500)
@@ -36,12 +38,7 @@ PR_SET_PDEATHSIG = 1
 class EngineFacts:
     """What the HTTP process needs to know about the engine, sent once after it is built."""
     tokenizer_files: dict | None
-    vocab_size: int
-    model_name: str
-    max_model_len: int
-    block_size: int
-    hash_seed: str
-    num_kv_blocks: int
+    plain: dict              # async_engine.plain_facts: EngineInfo's plain fields
     engine_id: str           # the KV event log's id (the cache feed's engine_id)
     max_events: int
     stats: Any
@@ -195,13 +192,11 @@ def run_engine_core(conn: Any, engine_factory: Callable[[], Any], parent_pid: in
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [core]: %(message)s")
     try:
         engine = engine_factory()
-        tokenizer = engine.tokenizer
+        tokenizer, stats = engine.tokenizer, engine.stats()
         facts = EngineFacts(
             tokenizer_files=dict(tokenizer.files) if tokenizer is not None else None,
-            vocab_size=engine.vocab_size, model_name=engine.model_name, max_model_len=engine.max_model_len,
-            block_size=engine.block_size, hash_seed=getattr(engine.config, "hash_seed", ""),
-            num_kv_blocks=engine.stats().num_kv_blocks, engine_id=engine.kv_events.engine_id,
-            max_events=engine.kv_events.max_events, stats=engine.stats())
+            plain=plain_facts(engine, stats), engine_id=engine.kv_events.engine_id,
+            max_events=engine.kv_events.max_events, stats=stats)
         core = EngineCore(engine, conn)
     except BaseException as exc:  # noqa: BLE001 - reported to the HTTP process, which fails start-up
         logger.exception("building the engine failed")
