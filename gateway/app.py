@@ -59,9 +59,7 @@ class Gateway:
         self.endpoints = EndpointSet(config.eject_after_failures, config.eject_seconds)
         self.index = PrefixIndex(config.index_capacity)
         self.picker = build_picker(config, self.index)
-        self.metrics = GatewayMetrics(self.endpoints.counts_by_state,
-                                      lambda: {u: e.in_flight for u in self.endpoints.urls()
-                                               if (e := self.endpoints.get(u)) is not None})
+        self.metrics = GatewayMetrics(self.endpoints.counts_by_state, self.endpoints.load_parts)
         self.static_urls = [normalize_url(u) for u in config.endpoints]
         self.client: aiohttp.ClientSession | None = None
         self.watcher: EngineWatcher | None = None

@@ -101,6 +101,10 @@ class EndpointSet:
         urls = self._endpoints if urls is None else urls
         return {u: e.in_flight + e.waiting for u in urls if (e := self._endpoints.get(u)) is not None}
 
+    def load_parts(self) -> dict[str, tuple[int, int]]:
+        """Each endpoint's (in_flight, waiting): the two halves of `loads()`."""
+        return {u: (e.in_flight, e.waiting) for u, e in sorted(self._endpoints.items())}
+
     def counts_by_state(self) -> dict[str, int]:
         now = self.clock()
         counts = dict.fromkeys(STATES, 0)

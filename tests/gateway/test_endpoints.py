@@ -87,6 +87,29 @@ def test_normalize_url():
             normalize_url(bad)
 
 
+def test_metrics_show_both_halves_of_each_load():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pagedkube.gateway.metrics import GatewayMetrics
+
+    eps = EndpointSet()
+    eps.update({A: "ready", B: "ready"})
+    eps.acquire(A), eps.set_waiting(B, 4), eps.set_waiting(A, 2)
+    metrics = GatewayMetrics(eps.counts_by_state, eps.load_parts)
+    samples = {(s.name, s.labels.get("endpoint")): s.value
+               for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    assert eps.loads() == {A: 3, B: 4}
+    assert samples[("pagedkube_gateway_endpoint_in_flight", A)] == 1
+    assert samples[("pagedkube_gateway_endpoint_in_flight", B)] == 0
+    assert samples[("pagedkube_gateway_endpoint_waiting", A)] == 2
+    assert samples[("pagedkube_gateway_endpoint_waiting", B)] == 4
+    eps.update({B: "ready"})  # A left: its series go too
+    samples = {(s.name, s.labels.get("endpoint")) for f in text_string_to_metric_families(metrics.render().decode())
+               for s in f.samples}
+    assert ("pagedkube_gateway_endpoint_waiting", A) not in samples
+    assert ("pagedkube_gateway_endpoint_waiting", B) in samples
+
+
 def test_parse_waiting_sums_label_sets():
     text = ('# HELP vllm:num_requests_waiting Requests waiting\n# TYPE vllm:num_requests_waiting gauge\n'
             'vllm:num_requests_waiting{model_name="a"} 3.0\nvllm:num_requests_waiting{model_name="b"} 2.0\n'
