@@ -1,12 +1,19 @@
 """Routing benchmark: prefix-aware routing vs round-robin and least-load.
 
-    .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 96] [--out build/bench/routing]
+    .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 320] [--sessions 32] [--concurrency 32]
+                                      [--think-ms 500] [--load-bound 1.25,1.5] [--seed 0]
+                                      [--only overhead|WORKLOAD] [--out build/bench/routing]
 
 Starts N engines (`pagedkube serve`, built-in model, a small KV pool each) and
-one gateway per policy over them, plus one engine with N times the pool (the
-"ideal" cache: everything on one engine, no routing), and runs the workloads of
-bench/workloads.py once per policy. Each policy run uses its own cache_salt, so
-it starts from a cold cache on the same engines (salted blocks never match).
+one gateway per policy over them (the prefix router once per --load-bound),
+plus one engine with N times the pool (the "ideal" cache: everything on one
+engine, no routing), and runs the workloads of bench/workloads.py once per
+policy. Each turn waits for a seeded exponential user think time first (the
+same for every policy), so sessions arrive independently: with --think-ms 0
+the closed loop keeps arrivals in lockstep, and round-robin's counter then
+sends a session back to its previous engine more often than chance. Each
+policy run uses its own cache_salt, so it starts from a cold cache on the same
+engines (salted blocks never match).
 
 Reports per workload and policy: prefix-cache hit rate (from the engines'
 vllm:prefix_cache_{hits,queries}_total), TTFT p50/p99 (client-side, streaming),
@@ -27,6 +34,7 @@ import json
 import math
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -125,9 +133,17 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
 
-async def run_workload(url: str, workload: Workload, salt: str, concurrency: int) -> dict:
+def think_time(seed: int, session_id: str, turn: int, mean_s: float) -> float:
+    """A user's pause before sending turn `turn` (for turn 0: the session's arrival
+    offset): exponential with mean `mean_s`, the same for every policy's run."""
+    return random.Random(f"{seed}/{session_id}/{turn}").expovariate(1 / mean_s) if mean_s > 0 else 0.0
+
+
+async def run_workload(url: str, workload: Workload, salt: str, concurrency: int, think_s: float = 0.0,
+                       seed: int = 0) -> dict:
     """Runs every session (turns in order, each with the real replies so far),
-    `concurrency` sessions at a time. Returns client-side timings."""
+    `concurrency` sessions at a time, each turn after the user's think time.
+    Returns client-side timings."""
     queue: asyncio.Queue = asyncio.Queue()
     for session in workload.sessions:
         queue.put_nowait(session)
@@ -140,6 +156,7 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
             session = queue.get_nowait()
             previous = None
             for turn in range(session.num_turns):
+                await asyncio.sleep(think_time(seed, session.session_id, turn, think_s))
                 body = {"model": MODEL, "messages": session.messages(turn), "max_tokens": session.max_tokens,
                         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                         "cache_salt": salt}
@@ -204,13 +221,13 @@ def load_stats(samples: list[dict], bound: float) -> dict:
 
 
 async def measure(url: str, engines: list[str], gateway: str | None, workload: Workload, salt: str,
-                  concurrency: int, bound: float) -> dict:
+                  concurrency: int, bound: float, think_s: float, seed: int) -> dict:
     names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
     before = [scrape(e, *names) for e in engines]
     reasons_before = decisions(url)
     stop, samples = asyncio.Event(), []
     sampler = asyncio.create_task(sample_loads(gateway, stop, samples))
-    run = await run_workload(url, workload, salt, concurrency)
+    run = await run_workload(url, workload, salt, concurrency, think_s, seed)
     stop.set()
     await sampler
     after = [scrape(e, *names) for e in engines]
@@ -231,10 +248,10 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
     }
 
 
-def workloads(seed: int, concurrency: int) -> list[tuple[Workload, int]]:
+def workloads(seed: int, concurrency: int, sessions: int = 16) -> list[tuple[Workload, int]]:
     """(workload, sessions in flight). Document questions arrive a few at a time:
     all 16 at once would be one cold wave that no router can serve from cache."""
-    return [(petcare_chat(num_sessions=16, turns=8, seed=seed, max_tokens=32), concurrency),
+    return [(petcare_chat(num_sessions=sessions, turns=8, seed=seed, max_tokens=32), concurrency),
             (long_document_qa(num_documents=4, questions_per_document=6, sentences=20, seed=seed), 4),
             (no_shared_prefix(num_prompts=16, seed=seed), concurrency)]
 
@@ -323,7 +340,7 @@ def chart(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(results["runs"]["petcare_chat"])
+    names = list(next(iter(results["runs"].values())))
     wl = list(results["runs"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(names)
@@ -349,22 +366,31 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                for i in range(args.engines)]
     ideal = procs.start("ideal", [*common, "--num-kv-blocks", str(args.kv_blocks * args.engines)])
     wait_ready(engines + [ideal])
-    gateways = {p: procs.start(f"gateway-{p}", ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
-                                                 "--routing", p, "--load-bound", str(args.load_bound)])
-                for p in POLICIES}
+    # (policy name, --routing, load bound): the prefix router once per bound.
+    setups = [(p, p, args.load_bound[0]) for p in POLICIES if p != "prefix"]
+    setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c) for i, c in enumerate(args.load_bound)]
+    gateways, bounds = {}, {}
+    for name, routing, c in setups:
+        gateways[name] = procs.start(f"gateway-{name.replace(' ', '-')}",
+                                     ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
+                                      "--routing", routing, "--load-bound", str(c)])
+        bounds[name] = c
     gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal])
+    bounds["ideal"] = args.load_bound[0]
     wait_ready(list(gateways.values()), tokenizer=True)
     runs: dict = {}
-    for workload, concurrency in workloads(args.seed, args.concurrency):
+    for workload, concurrency in workloads(args.seed, args.concurrency, args.sessions):
+        if args.only and args.only != workload.name:
+            continue
         runs[workload.name] = {}
         for policy, gateway in gateways.items():
             targets = [ideal] if policy == "ideal" else engines
             salt = f"{policy}-{workload.name}-{args.seed}"
             result = await measure(gateway, targets, gateway if policy != "ideal" else None, workload.fresh(), salt,
-                                   concurrency, args.load_bound)
-            result["concurrency"] = concurrency
+                                   concurrency, bounds[policy], args.think_ms / 1000, args.seed)
+            result["concurrency"], result["load_bound"] = concurrency, bounds[policy]
             runs[workload.name][policy] = result
-            print(f"{workload.name:18s} {policy:12s} hit {result['hit_rate']:.3f}  ttft p50 "
+            print(f"{workload.name:18s} {policy:14s} hit {result['hit_rate']:.3f}  ttft p50 "
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
                   f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
                   f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
@@ -376,14 +402,20 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", type=int, default=4)
-    parser.add_argument("--kv-blocks", type=int, default=160, help="KV blocks per engine (the ideal has N times)")
-    parser.add_argument("--concurrency", type=int, default=16, help="sessions in flight at once")
-    parser.add_argument("--load-bound", type=float, default=1.25)
+    parser.add_argument("--kv-blocks", type=int, default=320, help="KV blocks per engine (the ideal has N times)")
+    parser.add_argument("--concurrency", type=int, default=32, help="sessions in flight at once")
+    parser.add_argument("--sessions", type=int, default=32, help="petcare_chat sessions (8 turns each)")
+    parser.add_argument("--load-bound", type=lambda v: [float(c) for c in v.split(",")], default=[1.25, 1.5],
+                        help="c for the prefix router; a list runs it once per value (default 1.25,1.5; "
+                             "the baselines and the overhead run use the first)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(REPO / "build" / "bench" / "routing"))
-    parser.add_argument("--only", choices=["overhead"],
-                        help="run only this part (overhead: the gateway against a null engine; prints, writes nothing)")
+    parser.add_argument("--think-ms", type=float, default=500.0,
+                        help="mean user think time before each turn (exponential, seeded; 0: a closed loop)")
+    parser.add_argument("--only", choices=["overhead", "petcare_chat", "long_document_qa", "no_shared_prefix"],
+                        help="run only this part (overhead: the gateway against a null engine, printed; "
+                             "a workload name: that workload, no overhead run)")
     parser.add_argument("--null-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.null_engine:
@@ -401,12 +433,14 @@ def main() -> int:
         return 0
     try:
         runs = asyncio.run(bench(args, procs))
-        over = overhead(procs, args.seed)
+        over = overhead(procs, args.seed) if args.only is None else None
     finally:
         procs.stop_all()
-    print(f"gateway overhead p50 {over['overhead_p50_ms']:.2f} ms (routing alone {over['routing_only_p50_ms']:.2f} ms)")
+    if over is not None:
+        print(f"gateway overhead p50 {over['overhead_p50_ms']:.2f} ms (routing alone {over['routing_only_p50_ms']:.2f} ms)")
     results = {"engines": args.engines, "kv_blocks": args.kv_blocks, "concurrency": args.concurrency,
-               "load_bound": args.load_bound, "seed": args.seed, "device": args.device,
+               "load_bound": args.load_bound, "seed": args.seed, "think_ms": args.think_ms,
+               "sessions": args.sessions, "device": args.device,
                "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs, "overhead": over}
     (out / "results.json").write_text(json.dumps(results, indent=2))

@@ -2,13 +2,22 @@
 
 Discovery (a static list or EndpointSlices) says which endpoints exist and
 whether they are ready; the passive health check ejects an endpoint for a
-while after consecutive failures; the scraper records each engine's waiting
-queue. Routing reads `routable()` and `loads()`; the autoscaler (a later
-issue) reads the same object and uses `wait_routable` to hold requests while
-no engine is ready.
+while after consecutive failures; the scraper records each engine's running
+and waiting counts. Routing reads `routable()` and `loads()`; the autoscaler
+reads the same object (the engines' waiting queues) and uses `wait_routable`
+to hold requests while no engine is ready.
 
     state:  ready | not_ready | terminating  (discovery)  + ejected (health)
-    load:   in_flight (requests this gateway has open)  + waiting (scraped)
+    load:   in_flight   requests this gateway has open on the engine (exact, now)
+          + others      the engine's running + waiting at the last scrape, less
+                        this gateway's own requests then: other replicas' load
+
+Counting the scraped queue on top of in_flight instead would count this
+gateway's own queued requests twice, and keep counting them for a scrape
+interval after they finished; at low load one such phantom request moves a
+session off its engine (capacity ceil(c (L + 1) / n) is 1 while L <= 2 of 4).
+With the split, replicas also see nearly the same load: each sees the engine's
+total, its own part fresh.
 """
 from __future__ import annotations
 
@@ -34,7 +43,8 @@ class Endpoint:
     url: str
     discovered: str = NOT_READY
     in_flight: int = 0
-    waiting: int = 0
+    waiting: int = 0            # the engine's queue at the last scrape (the autoscaler's signal)
+    others: int = 0             # other replicas' requests on it at the last scrape
     consecutive_failures: int = 0
     ejected_until: float = 0.0
 
@@ -99,11 +109,15 @@ class EndpointSet:
 
     def loads(self, urls: Iterable[str] | None = None) -> dict[str, int]:
         urls = self._endpoints if urls is None else urls
-        return {u: e.in_flight + e.waiting for u in urls if (e := self._endpoints.get(u)) is not None}
+        return {u: e.in_flight + e.others for u in urls if (e := self._endpoints.get(u)) is not None}
 
     def load_parts(self) -> dict[str, tuple[int, int]]:
-        """Each endpoint's (in_flight, waiting): the two halves of `loads()`."""
-        return {u: (e.in_flight, e.waiting) for u, e in sorted(self._endpoints.items())}
+        """Each endpoint's (in_flight, others): the two halves of `loads()`."""
+        return {u: (e.in_flight, e.others) for u, e in sorted(self._endpoints.items())}
+
+    def in_flight(self, url: str) -> int:
+        e = self._endpoints.get(url)
+        return e.in_flight if e is not None else 0
 
     def counts_by_state(self) -> dict[str, int]:
         now = self.clock()
@@ -121,9 +135,14 @@ class EndpointSet:
         if (e := self._endpoints.get(url)) is not None and e.in_flight > 0:
             e.in_flight -= 1
 
-    def set_waiting(self, url: str, waiting: int) -> None:
+    def set_scraped(self, url: str, running: int, waiting: int, own: int) -> None:
+        """An engine reported `running` and `waiting` requests while this gateway
+        had `own` requests open on it (the larger of its counts before and after
+        the scrape: a request of ours that ended meanwhile is not taken for
+        another replica's)."""
         if (e := self._endpoints.get(url)) is not None:
             e.waiting = max(0, int(waiting))
+            e.others = max(0, int(running) + e.waiting - max(0, own))
 
     def report_success(self, url: str) -> None:
         if (e := self._endpoints.get(url)) is not None:

@@ -4,8 +4,9 @@
 Per endpoint, two tasks:
   feed    GET /v1/cache/config once (and after a restart), then
           GET /v1/cache/events?after=SEQ every `feed_interval` -> PrefixIndex
-  scrape  GET /metrics (vllm:num_requests_waiting) every `scrape_interval`
-          -> EndpointSet.set_waiting; GET /ready when probing (static list);
+  scrape  GET /metrics (vllm:num_requests_running and _waiting) every
+          `scrape_interval` -> EndpointSet.set_scraped, with this gateway's
+          own in-flight count around the scrape; GET /ready when probing;
           GET /v1/models now and then -> the known model names
 The first engine whose cache config is read fixes the gateway's block size and
 hash seed and serves the tokenizer (GET /v1/cache/tokenizer); an engine with a
@@ -32,16 +33,21 @@ _TOKENIZER_RETRY_S = 10.0
 _MAX_BACKOFF_S = 2.0
 
 
-def parse_waiting(metrics_text: str) -> int:
-    """Sum of vllm:num_requests_waiting over its label sets (0 when absent)."""
-    total = 0.0
+_RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+
+
+def parse_engine_load(metrics_text: str) -> tuple[int, int]:
+    """(running, waiting): vllm:num_requests_{running,waiting} summed over their
+    label sets (0 when absent)."""
+    totals = {_RUNNING: 0.0, _WAITING: 0.0}
     for line in metrics_text.splitlines():
-        if line.startswith("vllm:num_requests_waiting") and not line.startswith("vllm:num_requests_waiting_"):
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
             try:
-                total += float(line.rsplit(None, 1)[-1])
+                totals[name] += float(line.rsplit(None, 1)[-1])
             except ValueError:
                 continue
-    return int(total)
+    return int(totals[_RUNNING]), int(totals[_WAITING])
 
 
 class EngineWatcher:
@@ -182,9 +188,11 @@ class EngineWatcher:
             try:
                 if self.probe_ready:
                     await self._probe(url)
+                own = self.endpoints.in_flight(url)
                 r = await self.client.get(f"{url}/metrics")
                 if r.status_code == 200:
-                    self.endpoints.set_waiting(url, parse_waiting(r.text))
+                    own = max(own, self.endpoints.in_flight(url))
+                    self.endpoints.set_scraped(url, *parse_engine_load(r.text), own)
                 if url not in self.models or tick % _MODELS_EVERY == 0:
                     r = await self.client.get(f"{url}/v1/models")
                     if r.status_code == 200:

@@ -21,7 +21,7 @@ _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
 class GatewayMetrics:
     def __init__(self, endpoint_states: Callable[[], dict[str, int]],
                  endpoint_loads: Callable[[], dict[str, tuple[int, int]]]):
-        """`endpoint_loads()` maps each endpoint to (in flight here, waiting as last scraped)."""
+        """`endpoint_loads()` maps each endpoint to (in flight here, other replicas' requests as last scraped)."""
         self.registry = CollectorRegistry()
         p = "pagedkube_gateway_"
         r = self.registry
@@ -46,9 +46,9 @@ class GatewayMetrics:
         self.endpoints = Gauge(p + "endpoints", "Engine endpoints by state", ["state"], registry=r)
         self.endpoint_in_flight = Gauge(p + "endpoint_in_flight", "Requests this gateway has open per endpoint",
                                         ["endpoint"], registry=r)
-        self.endpoint_waiting = Gauge(p + "endpoint_waiting",
-                                      "Requests waiting in each engine's queue, as last scraped (the rest of the routing load)",
-                                      ["endpoint"], registry=r)
+        self.endpoint_others = Gauge(p + "endpoint_other_requests",
+                                     "Other replicas' requests on each engine at the last scrape (its running + waiting "
+                                     "less this gateway's own); routing load = in flight + this", ["endpoint"], registry=r)
         self._endpoint_states = endpoint_states
         self._endpoint_loads = endpoint_loads
 
@@ -58,10 +58,10 @@ class GatewayMetrics:
         for state, n in self._endpoint_states().items():
             self.endpoints.labels(state).set(n)
         self.endpoint_in_flight.clear()
-        self.endpoint_waiting.clear()
-        for url, (in_flight, waiting) in self._endpoint_loads().items():
+        self.endpoint_others.clear()
+        for url, (in_flight, others) in self._endpoint_loads().items():
             self.endpoint_in_flight.labels(url).set(in_flight)
-            self.endpoint_waiting.labels(url).set(waiting)
+            self.endpoint_others.labels(url).set(others)
         return generate_latest(self.registry)
 
 

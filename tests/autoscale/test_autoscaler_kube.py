@@ -119,7 +119,7 @@ async def test_scale_in_marks_the_least_worth_pod_then_patches_the_scale_subreso
 async def test_scale_up_patches_replicas_without_touching_pods(cluster):
     endpoints = EndpointSet()
     endpoints.update({URLS[0]: READY})
-    endpoints.set_waiting(URLS[0], 14)              # 14 waiting / 4 per engine -> 4
+    endpoints.set_scraped(URLS[0], running=2, waiting=14, own=0)  # 14 waiting / 4 per engine -> 4
     cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME] = {
         "apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
         "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}}

@@ -5,7 +5,7 @@ import pytest
 
 from pagedkube.gateway.discovery import SliceSet, normalize_url, slice_endpoints
 from pagedkube.gateway.endpoints import EndpointSet
-from pagedkube.gateway.engine_watch import parse_waiting
+from pagedkube.gateway.engine_watch import parse_engine_load
 from pagedkube.gateway.metrics import SSEUsageScanner
 
 A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
@@ -18,7 +18,8 @@ def test_states_loads_and_passive_ejection():
     eps.subscribe(lambda added, removed: changes.append((sorted(added), sorted(removed))))
     eps.update({A: "ready", B: "ready", C: "not_ready"})
     assert eps.routable() == [A, B] and changes == [([A, B, C], [])]
-    eps.acquire(A), eps.acquire(A), eps.set_waiting(A, 3), eps.acquire(B), eps.release(B), eps.release(B)
+    eps.acquire(A), eps.acquire(A), eps.acquire(B), eps.release(B), eps.release(B)
+    eps.set_scraped(A, running=4, waiting=1, own=2)  # 3 of the engine's 5 are another replica's
     assert eps.loads() == {A: 5, B: 0, C: 0}
     assert eps.report_failure(B) is False and eps.routable() == [A, B]
     eps.report_success(B)
@@ -87,6 +88,25 @@ def test_normalize_url():
             normalize_url(bad)
 
 
+def test_load_counts_own_requests_once_and_others_as_scraped():
+    eps = EndpointSet()
+    eps.update({A: "ready", B: "ready"})
+    eps.acquire(A), eps.acquire(A)
+    # Both of ours are on A, one of them still queued: nobody else is there.
+    eps.set_scraped(A, running=1, waiting=1, own=2)
+    assert eps.loads() == {A: 2, B: 0}
+    eps.release(A), eps.release(A)
+    assert eps.loads() == {A: 0, B: 0}, "finished requests do not linger until the next scrape"
+    # Another replica's 3 requests: counted as of the scrape, on top of ours now.
+    eps.set_scraped(B, running=2, waiting=1, own=0)
+    eps.acquire(B)
+    assert eps.loads() == {A: 0, B: 4}
+    # Ours ended between the engine's count and the scrape (own > engine total): never negative.
+    eps.set_scraped(A, running=0, waiting=0, own=3)
+    assert eps.loads()[A] == 0
+    assert eps.get(B).waiting == 1  # the raw queue stays for the autoscaler
+
+
 def test_metrics_show_both_halves_of_each_load():
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -94,27 +114,28 @@ def test_metrics_show_both_halves_of_each_load():
 
     eps = EndpointSet()
     eps.update({A: "ready", B: "ready"})
-    eps.acquire(A), eps.set_waiting(B, 4), eps.set_waiting(A, 2)
+    eps.acquire(A), eps.set_scraped(B, running=3, waiting=1, own=0), eps.set_scraped(A, running=2, waiting=1, own=1)
     metrics = GatewayMetrics(eps.counts_by_state, eps.load_parts)
     samples = {(s.name, s.labels.get("endpoint")): s.value
                for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
     assert eps.loads() == {A: 3, B: 4}
     assert samples[("pagedkube_gateway_endpoint_in_flight", A)] == 1
     assert samples[("pagedkube_gateway_endpoint_in_flight", B)] == 0
-    assert samples[("pagedkube_gateway_endpoint_waiting", A)] == 2
-    assert samples[("pagedkube_gateway_endpoint_waiting", B)] == 4
+    assert samples[("pagedkube_gateway_endpoint_other_requests", A)] == 2
+    assert samples[("pagedkube_gateway_endpoint_other_requests", B)] == 4
     eps.update({B: "ready"})  # A left: its series go too
     samples = {(s.name, s.labels.get("endpoint")) for f in text_string_to_metric_families(metrics.render().decode())
                for s in f.samples}
-    assert ("pagedkube_gateway_endpoint_waiting", A) not in samples
-    assert ("pagedkube_gateway_endpoint_waiting", B) in samples
+    assert ("pagedkube_gateway_endpoint_other_requests", A) not in samples
+    assert ("pagedkube_gateway_endpoint_other_requests", B) in samples
 
 
-def test_parse_waiting_sums_label_sets():
+def test_parse_engine_load_sums_label_sets():
     text = ('# HELP vllm:num_requests_waiting Requests waiting\n# TYPE vllm:num_requests_waiting gauge\n'
             'vllm:num_requests_waiting{model_name="a"} 3.0\nvllm:num_requests_waiting{model_name="b"} 2.0\n'
-            'vllm:num_requests_running{model_name="a"} 7.0\n')
-    assert parse_waiting(text) == 5 and parse_waiting("") == 0
+            'vllm:num_requests_running{model_name="a"} 7.0\nvllm:num_requests_waiting_by_reason 9\n'
+            'vllm:num_requests_running 1\n')
+    assert parse_engine_load(text) == (8, 5) and parse_engine_load("") == (0, 0)
 
 
 def test_sse_usage_scanner_reads_usage_split_across_chunks():

@@ -124,11 +124,12 @@ def test_two_gateways_agree(cluster, wait_until, metric):
     _, gateways = cluster
     one, two = gateways["one"].url, gateways["two"].url
     # Same inputs: both must see both engines ready and idle. The previous test
-    # stopped one engine, and a scrape taken as it resumed can show its queue
-    # for one more scrape interval; a load of 2 against 0 moves a request.
+    # stopped one engine with two of gateway one's requests on it; gateway two
+    # counts them as other replicas' load until its next scrape after they end,
+    # and a load of 2 against 0 moves a request.
     for gw in (one, two):
         wait_until(lambda: httpx.get(gw + "/ready").json()["endpoints"]["ready"] == 2, timeout=60)
-        for name in ("pagedkube_gateway_endpoint_in_flight", "pagedkube_gateway_endpoint_waiting"):
+        for name in ("pagedkube_gateway_endpoint_in_flight", "pagedkube_gateway_endpoint_other_requests"):
             wait_until(lambda: metric(gw, name) == 0, timeout=30)
     for i in range(8):
         prompt = f"Agreement check {i}: " + DOC.format(d=100 + i)
