@@ -109,12 +109,16 @@ def scrape(url: str, *names: str) -> dict[str, float]:
 
 
 def in_flight(gateway: str) -> dict[str, float]:
-    loads = {}
+    """The gateway's in-flight count per engine; key "others": the sum of the
+    other-replica load it believes in (0 with one gateway, up to scrape lag)."""
+    loads, others = {}, 0.0
     for line in httpx.get(gateway + "/metrics", timeout=10).text.splitlines():
         if line.startswith("pagedkube_gateway_endpoint_in_flight{"):
             endpoint = line.split('endpoint="', 1)[1].split('"', 1)[0]
             loads[endpoint] = float(line.rsplit(None, 1)[-1])
-    return loads
+        elif line.startswith("pagedkube_gateway_endpoint_other_requests{"):
+            others += float(line.rsplit(None, 1)[-1])
+    return {"loads": loads, "others": others}
 
 
 def decisions(gateway: str) -> dict[str, float]:
@@ -206,8 +210,8 @@ def load_stats(samples: list[dict], bound: float) -> dict:
     """max/mean in-flight across engines, over samples with at least one request
     per engine on average (below that, one request alone makes max/mean = n)."""
     ratios, violations = [], 0
-    for loads in samples:
-        values = list(loads.values())
+    for sample in samples:
+        values = list(sample["loads"].values())
         total = sum(values)
         if not values or total < len(values):
             continue
@@ -217,7 +221,8 @@ def load_stats(samples: list[dict], bound: float) -> dict:
     return {"max_over_mean_avg": statistics.fmean(ratios) if ratios else float("nan"),
             "max_over_mean_p50": statistics.median(ratios) if ratios else float("nan"),
             "max_over_mean_peak": max(ratios, default=float("nan")), "samples": len(ratios),
-            "samples_over_bound": violations}
+            "samples_over_bound": violations,
+            "other_requests_mean": statistics.fmean(s["others"] for s in samples) if samples else float("nan")}
 
 
 async def measure(url: str, engines: list[str], gateway: str | None, workload: Workload, salt: str,
@@ -394,7 +399,7 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
                   f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
                   f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
-                  f"{result['routing_decisions']}  same engine as the previous turn "
+                  f"{result['routing_decisions']}  others {result['other_requests_mean']:.2f}  same engine as the previous turn "
                   f"{result['same_engine_as_previous_turn']:.2f}", flush=True)
     return runs
 
