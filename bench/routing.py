@@ -228,8 +228,9 @@ def load_stats(samples: list[dict], bound: float) -> dict:
 async def measure(url: str, engines: list[str], gateway: str | None, workload: Workload, salt: str,
                   concurrency: int, bound: float, think_s: float, seed: int) -> dict:
     names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+    predicted = ("pagedkube_gateway_predicted_cached_tokens_total", "pagedkube_gateway_realized_cached_tokens_total")
     before = [scrape(e, *names) for e in engines]
-    reasons_before = decisions(url)
+    reasons_before, predicted_before = decisions(url), scrape(url, *predicted)
     stop, samples = asyncio.Event(), []
     sampler = asyncio.create_task(sample_loads(gateway, stop, samples))
     run = await run_workload(url, workload, salt, concurrency, think_s, seed)
@@ -237,6 +238,8 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
     await sampler
     after = [scrape(e, *names) for e in engines]
     reasons = {k: v - reasons_before.get(k, 0) for k, v in decisions(url).items()}
+    predicted_after = scrape(url, *predicted)
+    guessed, got = (predicted_after[n] - predicted_before[n] for n in predicted)
     queries = sum(a[names[0]] - b[names[0]] for a, b in zip(after, before))
     hits = sum(a[names[1]] - b[names[1]] for a, b in zip(after, before))
     return {
@@ -248,6 +251,8 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
         "output_tokens_per_s": run["output_tokens"] / run["wall_s"],
         "usage_cached_fraction": run["usage_cached_tokens"] / max(1, run["usage_prompt_tokens"]),
         "routing_decisions": {k: v for k, v in sorted(reasons.items()) if v},
+        # Of the cached tokens the gateway predicted, how many the engines reported (both over all requests).
+        "realized_over_predicted": got / guessed if guessed else float("nan"),
         "same_engine_as_previous_turn": run["same_engine_as_previous_turn"],
         **load_stats(samples, bound),
     }
@@ -399,7 +404,7 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
                   f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
                   f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
-                  f"{result['routing_decisions']}  others {result['other_requests_mean']:.2f}  same engine as the previous turn "
+                  f"{result['routing_decisions']}  realized/predicted {result['realized_over_predicted']:.2f}  others {result['other_requests_mean']:.2f}  same engine as the previous turn "
                   f"{result['same_engine_as_previous_turn']:.2f}", flush=True)
     return runs
 
