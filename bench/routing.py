@@ -153,6 +153,7 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
         queue.put_nowait(session)
     ttfts, latencies, output_tokens, cached, prompt = [], [], 0, 0, 0
     stayed = moved = 0  # later turns on the engine of the session's previous turn, or not
+    turns: list[dict] = []  # per request: where it went, why, and what the engine had cached
 
     async def worker(client: httpx.AsyncClient) -> None:
         nonlocal output_tokens, cached, prompt, stayed, moved
@@ -169,6 +170,8 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
                     if r.status_code != 200:
                         raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
                     engine = r.headers.get("x-pagedkube-endpoint")
+                    record = {"session": session.session_id, "turn": turn, "engine": engine,
+                              "reason": r.headers.get("x-pagedkube-route")}
                     if previous is not None and engine is not None:
                         stayed, moved = stayed + (engine == previous), moved + (engine != previous)
                     previous = engine
@@ -183,17 +186,21 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
                             output_tokens += event["usage"]["completion_tokens"]
                             prompt += event["usage"]["prompt_tokens"]
                             cached += event["usage"]["prompt_tokens_details"]["cached_tokens"]
+                            record["prompt_tokens"] = event["usage"]["prompt_tokens"]
+                            record["cached_tokens"] = event["usage"]["prompt_tokens_details"]["cached_tokens"]
                 end = time.perf_counter()
                 ttfts.append((first or end) - start)
                 latencies.append(end - start)
                 session.replies.append("".join(text))
+                turns.append(record)
 
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return {"wall_s": time.perf_counter() - started, "ttft": ttfts, "latency": latencies,
             "output_tokens": output_tokens, "usage_cached_tokens": cached, "usage_prompt_tokens": prompt,
-            "same_engine_as_previous_turn": stayed / (stayed + moved) if stayed + moved else float("nan")}
+            "same_engine_as_previous_turn": stayed / (stayed + moved) if stayed + moved else float("nan"),
+            "turns": turns}
 
 
 async def sample_loads(gateway: str | None, stop: asyncio.Event, samples: list[dict]) -> None:
@@ -207,8 +214,9 @@ async def sample_loads(gateway: str | None, stop: asyncio.Event, samples: list[d
 
 
 def load_stats(samples: list[dict], bound: float) -> dict:
-    """max/mean in-flight across engines, over samples with at least one request
-    per engine on average (below that, one request alone makes max/mean = n)."""
+    """max/mean in-flight across engines, per sample (over samples with at least
+    one request per engine on average: below that, one request alone makes
+    max/mean = n), and over the run (each engine's mean in-flight count)."""
     ratios, violations = [], 0
     for sample in samples:
         values = list(sample["loads"].values())
@@ -218,7 +226,12 @@ def load_stats(samples: list[dict], bound: float) -> dict:
         ratios.append(max(values) / (total / len(values)))
         if max(values) > math.ceil(bound * total / len(values)):
             violations += 1
-    return {"max_over_mean_avg": statistics.fmean(ratios) if ratios else float("nan"),
+    # Over the whole run: each engine's mean in-flight count, then max over mean of those.
+    engines = sorted({e for sample in samples for e in sample["loads"]})
+    averages = [statistics.fmean(s["loads"].get(e, 0) for s in samples) for e in engines] if samples else []
+    overall = max(averages) / statistics.fmean(averages) if averages and sum(averages) else float("nan")
+    return {"max_over_mean_of_run": overall,
+            "max_over_mean_avg": statistics.fmean(ratios) if ratios else float("nan"),
             "max_over_mean_p50": statistics.median(ratios) if ratios else float("nan"),
             "max_over_mean_peak": max(ratios, default=float("nan")), "samples": len(ratios),
             "samples_over_bound": violations,
@@ -255,7 +268,23 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
         "realized_over_predicted": got / guessed if guessed else float("nan"),
         "same_engine_as_previous_turn": run["same_engine_as_previous_turn"],
         **load_stats(samples, bound),
+        "turns": run["turns"],
     }
+
+
+def shortfall_by_reason(policy: dict, ideal: dict) -> dict:
+    """Cached tokens the policy's engines reported short of the ideal's on the
+    same turns (usage.cached_tokens), summed by the policy's routing reason:
+    where a router's gap to the ideal cache comes from (an `overflow` turn lost
+    its session's engine; an `affinity` turn found less than the ideal did,
+    mostly evicted blocks)."""
+    ideal_cached = {(t["session"], t["turn"]): t.get("cached_tokens", 0) for t in ideal["turns"]}
+    out: dict[str, dict] = {}
+    for t in policy["turns"]:
+        entry = out.setdefault(t["reason"] or "none", {"turns": 0, "tokens_short": 0})
+        entry["turns"] += 1
+        entry["tokens_short"] += ideal_cached.get((t["session"], t["turn"]), 0) - t.get("cached_tokens", 0)
+    return out
 
 
 def workloads(seed: int, concurrency: int, sessions: int = 16) -> list[tuple[Workload, int]]:
@@ -402,10 +431,15 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
             runs[workload.name][policy] = result
             print(f"{workload.name:18s} {policy:14s} hit {result['hit_rate']:.3f}  ttft p50 "
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
-                  f"{result['requests_per_s']:.1f} req/s  max/mean {result['max_over_mean_avg']:.2f} "
+                  f"{result['requests_per_s']:.1f} req/s  max/mean run {result['max_over_mean_of_run']:.2f} samples {result['max_over_mean_avg']:.2f} "
                   f"(p50 {result['max_over_mean_p50']:.2f}, {result['samples_over_bound']}/{result['samples']} samples over the bound)  "
                   f"{result['routing_decisions']}  realized/predicted {result['realized_over_predicted']:.2f}  others {result['other_requests_mean']:.2f}  same engine as the previous turn "
                   f"{result['same_engine_as_previous_turn']:.2f}", flush=True)
+        for result in runs[workload.name].values():
+            result["shortfall_vs_ideal"] = shortfall_by_reason(result, runs[workload.name]["ideal"])
+        print(f"{workload.name}: cached tokens short of the ideal, by routing reason: "
+              + "; ".join(f"{p} {r['shortfall_vs_ideal']}" for p, r in runs[workload.name].items() if p != "ideal"),
+              flush=True)
     return runs
 
 
