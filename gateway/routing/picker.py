@@ -1,8 +1,14 @@
 """The prefix-aware picker (DESIGN.md §6): affinity first, then the bounded-load ring.
 
 1. Among endpoints within the load bound that hold a prefix of the prompt's
-   blocks, the one holding the most; ties go to the earlier one in the ring
-   walk for this request's key.
+   blocks, the one holding the most; ties go to the least loaded of them, then
+   to the earlier one in the ring walk for this request's key. Ties are common
+   for a shared system prompt or document that several endpoints hold: a new
+   session's first turn, or a turn the bound moved off its session's endpoint.
+   Sending those to the least loaded holder evens out how many sessions call
+   each endpoint home; under the ring order they landed at random, and an
+   endpoint with more sessions than its share hits the bound more often,
+   which moves sessions and costs their history (docs/gateway.md).
 2. Otherwise walk the ring from the key to the first endpoint within the bound.
 
 The reason is `affinity` or `ring` when the choice is what an unbounded router
@@ -12,13 +18,18 @@ block hashes (no tokenizer or feed yet: the key is a hash of the raw text).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import (
     AFFINITY, FALLBACK, OVERFLOW, RING, Decision, PrefixSource, RoutingInput, predicted_cached_tokens,
 )
+
+
+def _least_loaded(candidates: Iterable[str], loads: Mapping[str, int]) -> str:
+    """The least loaded candidate; among equal loads the first (ring walk order)."""
+    return min(candidates, key=lambda e: max(0, loads.get(e, 0)))
 
 
 class PrefixPicker:
@@ -30,6 +41,7 @@ class PrefixPicker:
     def pick(self, request: RoutingInput, endpoints: Sequence[str], loads: Mapping[str, int]) -> Decision:
         assert endpoints, "pick() needs at least one endpoint"
         walk = self.rings.get(endpoints).walk(request.ring_key)
+
         capacity = self.bound.capacity(loads, walk)
         fits = [e for e in walk if self.bound.within(e, loads, capacity)]
 
@@ -39,9 +51,9 @@ class PrefixPicker:
         if deepest > 0:
             best_fit = max((depths[e] for e in fits), default=0)
             if best_fit > 0:
-                chosen = next(e for e in fits if depths[e] == best_fit)
+                chosen = _least_loaded((e for e in fits if depths[e] == best_fit), loads)
                 matched = best_fit
-            preferred = next(e for e in walk if depths[e] == deepest)
+            preferred = _least_loaded((e for e in walk if depths[e] == deepest), loads)
         else:
             preferred = walk[0]
         if chosen is None:
