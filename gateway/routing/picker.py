@@ -8,7 +8,7 @@
    Sending those to the least loaded holder evens out how many sessions call
    each endpoint home; under the ring order they landed at random, and an
    endpoint with more sessions than its share hits the bound more often,
-   which moves sessions and costs their history (docs/gateway.md).
+   which moves sessions and costs their history (docs/benchmarks.md, Routing).
 2. Otherwise walk the ring from the key to the first endpoint within the bound.
 
 The reason is `affinity` or `ring` when the choice is what an unbounded router
