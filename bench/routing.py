@@ -151,12 +151,12 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
     queue: asyncio.Queue = asyncio.Queue()
     for session in workload.sessions:
         queue.put_nowait(session)
-    ttfts, latencies, output_tokens, cached, prompt = [], [], 0, 0, 0
+    ttfts, latencies, output_tokens = [], [], 0
     stayed = moved = 0  # later turns on the engine of the session's previous turn, or not
     turns: list[dict] = []  # per request: where it went, why, and what the engine had cached
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal output_tokens, cached, prompt, stayed, moved
+        nonlocal output_tokens, stayed, moved
         while not queue.empty():
             session = queue.get_nowait()
             previous = None
@@ -183,11 +183,10 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
                             first = time.perf_counter()
                         text += [c["delta"].get("content") or "" for c in event["choices"]]
                         if event.get("usage"):
-                            output_tokens += event["usage"]["completion_tokens"]
-                            prompt += event["usage"]["prompt_tokens"]
-                            cached += event["usage"]["prompt_tokens_details"]["cached_tokens"]
-                            record["prompt_tokens"] = event["usage"]["prompt_tokens"]
-                            record["cached_tokens"] = event["usage"]["prompt_tokens_details"]["cached_tokens"]
+                            usage = event["usage"]
+                            output_tokens += usage["completion_tokens"]
+                            record["prompt_tokens"] = usage["prompt_tokens"]
+                            record["cached_tokens"] = usage["prompt_tokens_details"]["cached_tokens"]
                 end = time.perf_counter()
                 ttfts.append((first or end) - start)
                 latencies.append(end - start)
@@ -198,7 +197,9 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 4)) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return {"wall_s": time.perf_counter() - started, "ttft": ttfts, "latency": latencies,
-            "output_tokens": output_tokens, "usage_cached_tokens": cached, "usage_prompt_tokens": prompt,
+            "output_tokens": output_tokens,
+            "usage_cached_tokens": sum(t.get("cached_tokens", 0) for t in turns),
+            "usage_prompt_tokens": sum(t.get("prompt_tokens", 0) for t in turns),
             "same_engine_as_previous_turn": stayed / (stayed + moved) if stayed + moved else float("nan"),
             "turns": turns}
 
@@ -227,8 +228,8 @@ def load_stats(samples: list[dict], bound: float) -> dict:
         if max(values) > math.ceil(bound * total / len(values)):
             violations += 1
     # Over the whole run: each engine's mean in-flight count, then max over mean of those.
-    engines = sorted({e for sample in samples for e in sample["loads"]})
-    averages = [statistics.fmean(s["loads"].get(e, 0) for s in samples) for e in engines] if samples else []
+    engines = {e for sample in samples for e in sample["loads"]}
+    averages = [statistics.fmean(s["loads"].get(e, 0) for s in samples) for e in engines]
     overall = max(averages) / statistics.fmean(averages) if averages and sum(averages) else float("nan")
     return {"max_over_mean_of_run": overall,
             "max_over_mean_avg": statistics.fmean(ratios) if ratios else float("nan"),

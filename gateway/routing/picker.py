@@ -41,7 +41,6 @@ class PrefixPicker:
     def pick(self, request: RoutingInput, endpoints: Sequence[str], loads: Mapping[str, int]) -> Decision:
         assert endpoints, "pick() needs at least one endpoint"
         walk = self.rings.get(endpoints).walk(request.ring_key)
-
         capacity = self.bound.capacity(loads, walk)
         fits = [e for e in walk if self.bound.within(e, loads, capacity)]
 
