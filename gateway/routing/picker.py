@@ -18,18 +18,13 @@ block hashes (no tokenizer or feed yet: the key is a hash of the raw text).
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from pagedkube.gateway.routing.bounded_load import BoundedLoad
+from pagedkube.gateway.routing.bounded_load import BoundedLoad, least_loaded
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import (
     AFFINITY, FALLBACK, OVERFLOW, RING, Decision, PrefixSource, RoutingInput, predicted_cached_tokens,
 )
-
-
-def _least_loaded(candidates: Iterable[str], loads: Mapping[str, int]) -> str:
-    """The least loaded candidate; among equal loads the first (ring walk order)."""
-    return min(candidates, key=lambda e: max(0, loads.get(e, 0)))
 
 
 class PrefixPicker:
@@ -50,9 +45,9 @@ class PrefixPicker:
         if deepest > 0:
             best_fit = max((depths[e] for e in fits), default=0)
             if best_fit > 0:
-                chosen = _least_loaded((e for e in fits if depths[e] == best_fit), loads)
+                chosen = least_loaded((e for e in fits if depths[e] == best_fit), loads)
                 matched = best_fit
-            preferred = _least_loaded((e for e in walk if depths[e] == deepest), loads)
+            preferred = least_loaded((e for e in walk if depths[e] == deepest), loads)
         else:
             preferred = walk[0]
         if chosen is None:
