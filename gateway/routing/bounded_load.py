@@ -10,14 +10,9 @@ more than 25% above the mean, while most keys keep their ring owner.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 DEFAULT_LOAD_BOUND = 1.25
-
-
-def least_loaded(candidates: Iterable[str], loads: Mapping[str, int]) -> str:
-    """The least loaded candidate; among equal loads the first in `candidates`."""
-    return min(candidates, key=lambda e: max(0, loads.get(e, 0)))
 
 
 class BoundedLoad:
@@ -42,4 +37,4 @@ class BoundedLoad:
             if self.within(endpoint, loads, capacity):
                 return endpoint
         # Unreachable for c >= 1 when `order` covers `endpoints`; keep serving anyway.
-        return least_loaded(order, loads)
+        return min(order, key=lambda e: (loads.get(e, 0), order.index(e)))

@@ -1,14 +1,8 @@
 """The prefix-aware picker (DESIGN.md §6): affinity first, then the bounded-load ring.
 
 1. Among endpoints within the load bound that hold a prefix of the prompt's
-   blocks, the one holding the most; ties go to the least loaded of them, then
-   to the earlier one in the ring walk for this request's key. Ties are common
-   for a shared system prompt or document that several endpoints hold: a new
-   session's first turn, or a turn the bound moved off its session's endpoint.
-   Sending those to the least loaded holder evens out how many sessions call
-   each endpoint home; under the ring order they landed at random, and an
-   endpoint with more sessions than its share hits the bound more often,
-   which moves sessions and costs their history (docs/benchmarks.md, Routing).
+   blocks, the one holding the most; ties go to the earlier one in the ring
+   walk for this request's key.
 2. Otherwise walk the ring from the key to the first endpoint within the bound.
 
 The reason is `affinity` or `ring` when the choice is what an unbounded router
@@ -20,7 +14,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from pagedkube.gateway.routing.bounded_load import BoundedLoad, least_loaded
+from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import (
     AFFINITY, FALLBACK, OVERFLOW, RING, Decision, PrefixSource, RoutingInput, predicted_cached_tokens,
@@ -45,9 +39,9 @@ class PrefixPicker:
         if deepest > 0:
             best_fit = max((depths[e] for e in fits), default=0)
             if best_fit > 0:
-                chosen = least_loaded((e for e in fits if depths[e] == best_fit), loads)
+                chosen = next(e for e in fits if depths[e] == best_fit)
                 matched = best_fit
-            preferred = least_loaded((e for e in walk if depths[e] == deepest), loads)
+            preferred = next(e for e in walk if depths[e] == deepest)
         else:
             preferred = walk[0]
         if chosen is None:

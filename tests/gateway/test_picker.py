@@ -57,44 +57,6 @@ def test_holder_over_the_bound_is_skipped_for_the_next_best():
     assert d.endpoint == next(p for p in walk if p not in (PODS[1], PODS[2]))
 
 
-def test_equally_deep_holders_tie_to_the_least_loaded_then_the_walk():
-    """A shared system prompt held by several pods: a new session's turn goes to
-    the least loaded holder, and among equal loads to the earliest in its walk."""
-    index = PrefixIndex()
-    shared = chain("system", 2)
-    for pod in PODS[:3]:
-        index.stored(pod, shared)
-    req = RoutingInput(ring_key=hashlib.sha256(b"session-7").digest(), block_hashes=shared + chain("s7", 3),
-                       num_prompt_tokens=5 * 16 + 3)
-    walk = HashRing(PODS).walk(req.ring_key)
-    holders = [p for p in walk if p in PODS[:3]]
-    d = make(index).pick(req, PODS, IDLE)
-    assert (d.endpoint, d.reason, d.matched_blocks) == (holders[0], "affinity", 2)
-    other = next(p for p in PODS if p not in holders)
-    loads = {holders[0]: 1, holders[1]: 0, holders[2]: 1, other: 2}  # capacity ceil(1.25*5/4) = 2: all fit
-    d = make(index).pick(req, PODS, loads)
-    assert (d.endpoint, d.reason, d.matched_blocks) == (holders[1], "affinity", 2)
-    loads = {holders[0]: 1, holders[1]: 1, holders[2]: 0, other: 2}
-    d = make(index).pick(req, PODS, loads)
-    assert (d.endpoint, d.reason) == (holders[2], "affinity")
-
-
-def test_a_moved_session_goes_to_the_least_loaded_holder_of_what_it_shares():
-    index = PrefixIndex()
-    shared = chain("system", 2)
-    session = shared + chain("conversation", 6)
-    for pod in PODS:
-        index.stored(pod, shared)
-    index.stored(PODS[0], session)
-    req = RoutingInput(ring_key=hashlib.sha256(b"conversation").digest(), block_hashes=session,
-                       num_prompt_tokens=8 * 16 + 3)
-    rest = [p for p in HashRing(PODS).walk(req.ring_key) if p != PODS[0]]
-    # The session's pod is over capacity ceil(1.25*6/4) = 2; the last of the others in the walk is idle.
-    loads = {PODS[0]: 3, rest[0]: 1, rest[1]: 1, rest[2]: 0}
-    d = make(index).pick(req, PODS, loads)
-    assert (d.endpoint, d.reason, d.matched_blocks) == (rest[2], "overflow", 2)
-
-
 def test_ring_owner_over_the_bound_overflows_along_the_walk():
     req = request("y")
     walk = HashRing(PODS).walk(req.ring_key)
