@@ -9,13 +9,16 @@ a full snapshot instead. The snapshot is the set of hashes currently cached,
 kept here by replaying the events (it mirrors the pool's hash map, so it is
 bounded by the pool size).
 
-Thread-safe: the engine loop records while HTTP handlers read. Torch-free.
+Thread-safe: the engine loop records while HTTP handlers read. Listeners
+(`subscribe`) are called after every record, outside the lock, from the
+recording thread: the server uses one to wake its long-polls. Torch-free.
 """
 from __future__ import annotations
 
 import threading
 import uuid
 from collections import deque
+from typing import Callable
 
 DEFAULT_MAX_EVENTS = 10_000   # docs/interfaces.md: the log keeps 10,000 events by default
 EVENT_TYPES = ("stored", "removed")
@@ -31,6 +34,12 @@ class KVEventLog:
         self._cached: dict[bytes, None] = {}   # insertion-ordered set of live hashes
         self._latest_seq = 0
         self._lock = threading.Lock()
+        self._listeners: tuple[Callable[[], None], ...] = ()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Calls `listener()` after every recorded event, from the recording thread."""
+        with self._lock:
+            self._listeners += (listener,)
 
     def record(self, event_type: str, block_hashes: list[bytes]) -> None:
         if event_type not in EVENT_TYPES:
@@ -43,6 +52,9 @@ class KVEventLog:
                     self._cached[h] = None
                 else:
                     self._cached.pop(h, None)
+            listeners = self._listeners
+        for listener in listeners:
+            listener()
 
     @property
     def latest_seq(self) -> int:

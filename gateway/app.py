@@ -91,7 +91,7 @@ class Gateway:
             engine_authorization=engine_auth))
         self.watcher = EngineWatcher(self.endpoints, self.index, self.control,
                                      probe_ready=bool(self.static_urls), ring_key_blocks=self.config.ring_key_blocks,
-                                     feed_interval=self.config.feed_interval,
+                                     feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
         if self.static_urls:

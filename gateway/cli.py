@@ -32,7 +32,11 @@ def register(subparsers) -> None:
     p.add_argument("--connect-timeout", type=float, default=2.0)
     p.add_argument("--eject-after-failures", type=int, default=DEFAULT_EJECT_AFTER_FAILURES)
     p.add_argument("--eject-seconds", type=float, default=DEFAULT_EJECT_SECONDS)
-    p.add_argument("--feed-interval", type=float, default=0.25, help="seconds between cache feed polls")
+    p.add_argument("--feed-interval", type=float, default=0.05,
+                   help="least seconds between two cache feed requests to one engine")
+    p.add_argument("--feed-wait", type=float, default=5.0,
+                   help="cache feed long-poll: seconds an engine may hold a request until it has news "
+                        "(0: plain polls every --feed-interval)")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
     p.add_argument("--ring-key-blocks", type=int, default=16,
                    help="the ring key is the hash of the first N blocks of the prompt head (default 16)")
@@ -55,7 +59,7 @@ def config_from_args(args: argparse.Namespace):
         max_body_bytes=args.max_body_bytes, max_attempts=args.max_attempts,
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
-        feed_interval=args.feed_interval, scrape_interval=args.scrape_interval,
+        feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
         ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
         autoscale=autoscaler_config_from_args(args))
 

@@ -12,6 +12,7 @@ from pagedkube.gateway.routing.ring import DEFAULT_VNODES
 from pagedkube.gateway.validation import DEFAULT_MAX_BODY_BYTES
 
 ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
+MAX_FEED_WAIT_S = 30.0   # the longest cache-feed long-poll an engine holds (docs/interfaces.md)
 
 
 @dataclass(slots=True)
@@ -31,7 +32,8 @@ class GatewayConfig:
     upstream_timeout: float = 600.0       # between bytes; a long non-streamed generation counts whole
     eject_after_failures: int = DEFAULT_EJECT_AFTER_FAILURES
     eject_seconds: float = DEFAULT_EJECT_SECONDS
-    feed_interval: float = 0.25           # cache feed poll; the engine keeps 10,000 events
+    feed_interval: float = 0.05           # least time between two cache feed requests to one engine
+    feed_wait: float = 5.0                # cache feed long-poll (0: plain polls every feed_interval)
     scrape_interval: float = 1.0          # /metrics (waiting queue) and, for a static list, /ready
     ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
     vnodes: int = DEFAULT_VNODES
@@ -65,3 +67,5 @@ class GatewayConfig:
             raise ValueError("--engine-api-key must not be empty")
         if self.eject_seconds < 0 or self.hold_timeout < 0:
             raise ValueError("eject_seconds and hold_timeout must be >= 0")
+        if not 0 <= self.feed_wait <= MAX_FEED_WAIT_S:
+            raise ValueError(f"--feed-wait must be 0..{MAX_FEED_WAIT_S:g} seconds, got {self.feed_wait}")

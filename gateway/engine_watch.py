@@ -3,7 +3,10 @@
 
 Per endpoint, two tasks:
   feed    GET /v1/cache/config once (and after a restart), then
-          GET /v1/cache/events?after=SEQ every `feed_interval` -> PrefixIndex
+          GET /v1/cache/events?after=SEQ&wait=`feed_wait` -> PrefixIndex, a
+          long-poll the engine answers as soon as it records an event; the
+          next starts `feed_interval` after the last (which batches a busy
+          engine's events), at once after a long-poll that waited
   scrape  GET /metrics (vllm:num_requests_running and _waiting) every
           `scrape_interval` -> EndpointSet.set_scraped, with this gateway's
           own in-flight count around the scrape; GET /ready when probing;
@@ -52,13 +55,14 @@ def parse_engine_load(metrics_text: str) -> tuple[int, int]:
 
 class EngineWatcher:
     def __init__(self, endpoints: EndpointSet, index: PrefixIndex, client: httpx.AsyncClient, *,
-                 probe_ready: bool, ring_key_blocks: int, feed_interval: float = 0.25,
-                 scrape_interval: float = 1.0):
+                 probe_ready: bool, ring_key_blocks: int, feed_interval: float = 0.05,
+                 feed_wait: float = 5.0, scrape_interval: float = 1.0):
         self.endpoints = endpoints
         self.index = index
         self.client = client
         self.probe_ready = probe_ready
         self.feed_interval = feed_interval
+        self.feed_wait = feed_wait
         self.scrape_interval = scrape_interval
         self.ring_key_blocks = ring_key_blocks
         self.hasher = PromptHasher(None, ring_key_blocks=ring_key_blocks)
@@ -150,18 +154,37 @@ class EngineWatcher:
                                     url, config, self.cache_config)
                 if matches and self.hasher.tokenizer is None:
                     await self._load_tokenizer(url)  # retried every _TOKENIZER_RETRY_S until it works
+                pause = self.feed_interval
                 if matches:
-                    r = await self.client.get(f"{url}/v1/cache/events", params={"after": seq})
-                    r.raise_for_status()
-                    seq, engine_id, matches = self._apply_events(url, r.json(), seq, engine_id)
+                    started = asyncio.get_running_loop().time()
+                    data = await self._events(url, seq)
+                    seq, engine_id, matches = self._apply_events(url, data, seq, engine_id)
                     self.feed_seq[url] = seq
+                    took = asyncio.get_running_loop().time() - started
+                    # Nothing new after a real wait: ask again at once. An engine that answers
+                    # at once (it has events, is draining, or predates long-polls) is asked
+                    # again `feed_interval` after this request began.
+                    waited = (self.feed_wait > 0 and not data.get("events") and not data.get("reset")
+                              and took >= self.feed_wait / 2)
+                    pause = 0.0 if waited else max(0.0, self.feed_interval - took)
                 backoff = self.feed_interval
             except asyncio.CancelledError:
                 raise
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
                 log.debug("cache feed of %s: %s", url, e)
                 backoff = min(_MAX_BACKOFF_S, backoff * 2)
-            await asyncio.sleep(backoff if matches is not False else _MAX_BACKOFF_S * 5)
+                pause = backoff
+            await asyncio.sleep(pause if matches is not False else _MAX_BACKOFF_S * 5)
+
+    async def _events(self, url: str, seq: int) -> dict:
+        params: dict = {"after": seq}
+        timeout = self.client.timeout
+        if self.feed_wait > 0:
+            params["wait"] = self.feed_wait
+            timeout = httpx.Timeout(self.feed_wait + 5.0, connect=timeout.connect)
+        r = await self.client.get(f"{url}/v1/cache/events", params=params, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
 
     def _apply_events(self, url: str, data: dict, seq: int, engine_id: str | None):
         """Returns the next (seq, engine_id, config-matches) state."""

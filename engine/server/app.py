@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedkube.engine.server.async_engine import AsyncEngine
-from pagedkube.engine.server.cache_feed import router as cache_router
+from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.core_client import EngineCoreClient
 from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
@@ -78,12 +78,15 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         state.engine_id = info.kv_events.engine_id
         state.metrics = EngineMetrics(state.model_name, state.engine.stats)
         state.engine.metrics = state.metrics
+        state.feed_waiters = FeedWaiters(asyncio.get_running_loop())
+        info.kv_events.subscribe(state.feed_waiters.notify)
         state.info = info
         logger.info("engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
                     state.model_name, info.max_model_len, info.num_kv_blocks, info.block_size)
         try:
             yield
         finally:
+            state.feed_waiters.wake()
             await asyncio.to_thread(state.engine.shutdown)
 
     app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)

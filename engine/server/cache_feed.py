@@ -1,15 +1,24 @@
 """The cache feed the gateway follows (DESIGN.md §5, docs/interfaces.md).
 
     GET /v1/cache/config              block size, hash algorithm and seed, engine_id
-    GET /v1/cache/events?after=SEQ    stored/removed block hashes since SEQ, or a snapshot
+    GET /v1/cache/events?after=SEQ[&wait=S]
+                                      stored/removed block hashes since SEQ, or a snapshot;
+                                      with `wait`, a long-poll: held until an event after
+                                      SEQ exists, S seconds pass or the server drains
     GET /v1/cache/tokenizer           the tokenizer files, so a router tokenizes as we do
 
 Handlers read `state.info.kv_events` directly: with the engine-core process that is
 the HTTP process's mirror of the core's KVEventLog (same engine_id and sequence
 numbers, fed with every step message); with --engine-in-process it is the engine's
 own log (thread-safe, it takes its own lock).
+
+A long-poll lets a gateway learn of new blocks within a round trip instead of a
+polling interval: a chat's next turn, sent right after the answer, then finds
+its previous turn's blocks already in the gateway's index.
 """
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Query, Request
 
@@ -18,6 +27,41 @@ from pagedkube.engine.server.errors import APIError
 from pagedkube.engine.server.state import ServerState
 
 router = APIRouter()
+
+MAX_WAIT_S = 30.0   # the longest long-poll an engine holds (docs/interfaces.md)
+
+
+class FeedWaiters:
+    """Wakes the long-polls of GET /v1/cache/events when the log records an event
+    (`notify`, from any thread) or the server starts draining (`wake`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._waiting: set[asyncio.Future] = set()
+
+    def notify(self) -> None:
+        if self._waiting:  # a benign race: a waiter re-checks the log after joining
+            try:
+                self._loop.call_soon_threadsafe(self.wake)
+            except RuntimeError:  # the loop has closed: nobody is waiting any more
+                pass
+
+    def wake(self) -> None:
+        for future in self._waiting:
+            if not future.done():
+                future.set_result(None)
+
+    async def wait_after(self, kv_events, after: int, timeout: float) -> None:
+        """Returns once `kv_events` has an event after `after`, or after `timeout` s."""
+        future = self._loop.create_future()
+        self._waiting.add(future)
+        try:
+            if kv_events.latest_seq == after:
+                await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiting.discard(future)
 
 
 def _state(request: Request) -> ServerState:
@@ -34,9 +78,14 @@ async def cache_config(request: Request) -> dict:
 
 
 @router.get("/v1/cache/events")
-async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le=2 ** 63 - 1)) -> dict:
+async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le=2 ** 63 - 1),
+                       wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> dict:
     state = _state(request)
-    return state.info.kv_events.events_after(after)
+    log = state.info.kv_events
+    # Only an up-to-date reader waits: any other answer (events, or a reset) is ready now.
+    if wait > 0 and after == log.latest_seq and not state.draining and state.feed_waiters is not None:
+        await state.feed_waiters.wait_after(log, after, wait)
+    return log.events_after(after)
 
 
 @router.get("/v1/cache/tokenizer")

@@ -52,6 +52,8 @@ class DrainingServer(uvicorn.Server):
     async def drain(self) -> None:
         state, loop = self.state, asyncio.get_running_loop()
         state.draining = True
+        if state.feed_waiters is not None:
+            state.feed_waiters.wake()   # cache-feed long-polls answer now, not after their wait
         timeout = state.config.drain_timeout
         logger.info("SIGTERM: draining %d in-flight request(s) for up to %.1fs", state.in_flight, timeout)
         deadline = loop.time() + timeout

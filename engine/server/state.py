@@ -23,6 +23,7 @@ class ServerState:
     model_name: str = ""
     draining: bool = False
     in_flight: int = 0                      # generation requests not yet answered in full
+    feed_waiters: Any = None                # cache_feed.FeedWaiters: wakes cache-feed long-polls
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
 
     def chat_encoder(self) -> CachedEncoder:

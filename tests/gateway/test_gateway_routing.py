@@ -158,3 +158,21 @@ def test_retry_on_a_killed_engine_before_the_first_byte(cluster, wait_until, met
     for prompt in owned[2:]:
         post(gw, prompt)
     assert metric(gw, "pagedkube_gateway_upstream_retries_total", cause="connect") == 2
+
+
+def test_the_cache_feed_is_followed_by_long_poll(processes, engine_model_args, wait_until):
+    """The gateway holds a long-poll on each engine's cache feed, so it learns of
+    new blocks as the engine stores them, not at its next poll: here the polls are
+    60 s apart, yet the blocks of a request show up in the index at once."""
+    engine = processes.engine(*engine_model_args)
+    processes.wait_ready(engine)
+    gw = processes.gateway([engine.url], "--feed-interval", "60", "--feed-wait", "30")
+    processes.wait_ready(gw)
+    wait_until(lambda: httpx.get(gw.url + "/ready").json()["tokenizer"], timeout=60)
+    assert httpx.get(gw.url + "/ready").json()["feeds"].get(engine.url, 0) == 0   # a fresh engine: nothing yet
+
+    prompt = DOC.format(d="long-poll") + "Summarise."
+    endpoint, reason = route(post(gw.url, prompt))
+    assert (endpoint, reason) == (engine.url, "ring")
+    wait_until(lambda: httpx.get(gw.url + "/ready").json()["feeds"][engine.url] >= 1, timeout=20)
+    assert route(post(gw.url, prompt)) == (engine.url, "affinity")

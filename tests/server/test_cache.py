@@ -1,6 +1,8 @@
 """Prefix-cache accounting over HTTP (cached_tokens, cache_salt) and the cache feed."""
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import httpx
@@ -106,3 +108,42 @@ def test_feed_reports_removals_after_eviction(small_server):
         snapshot = set(c.get("/v1/cache/events", params={"after": -1}).json()["block_hashes"])
         assert not removed & snapshot
         assert set(hashing.to_hex(hashing.block_hashes(big, 16, cache_salt="big"))) <= snapshot
+
+
+def test_feed_long_poll_answers_with_the_first_new_event(client, http):
+    """`wait`: an up-to-date reader is held until the engine stores blocks, then
+    gets them; without news it gets an empty answer when the wait ends."""
+    seq = feed_seq(http)
+    idle = http.get("/v1/cache/events", params={"after": seq, "wait": 0.3}).json()
+    assert (idle["reset"], idle["events"], idle["latest_seq"]) == (False, [], seq)
+
+    salt = uuid.uuid4().hex
+    ids = tokens(http, LONG_PROMPT)
+    answers: list[dict] = []
+    poll = threading.Thread(target=lambda: answers.append(
+        http.get("/v1/cache/events", params={"after": seq, "wait": 30}, timeout=60).json()))
+    poll.start()
+    time.sleep(0.5)
+    assert poll.is_alive() and not answers, "the long-poll answered before there was anything new"
+    client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=2, extra_body={"cache_salt": salt})
+    poll.join(timeout=30)
+    assert not poll.is_alive(), "the long-poll was not woken by the engine's new blocks"
+    body = answers[0]
+    assert body["reset"] is False and body["events"] and body["latest_seq"] > seq
+    stored = {h for e in body["events"] if e["type"] == "stored" for h in e["block_hashes"]}
+    first = hashing.to_hex(hashing.block_hashes(ids, 16, cache_salt=salt))[0]
+    assert first in stored   # the prompt's blocks are stored at prefill, before the answer ends
+
+
+def test_feed_long_poll_bounds(client, http):
+    client.completions.create(model=MODEL_NAME, prompt=LONG_PROMPT, max_tokens=1,
+                              extra_body={"cache_salt": uuid.uuid4().hex})   # at least one event
+    seq = feed_seq(http)
+    for wait in (-1, 31, "soon"):
+        r = http.get("/v1/cache/events", params={"after": seq, "wait": wait})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "wait", r.text
+    # A reader that is behind, or ahead of the log, gets its answer at once: no wait.
+    behind = http.get("/v1/cache/events", params={"after": seq - 1, "wait": 30}, timeout=5).json()
+    assert behind["reset"] is False and behind["events"][-1]["seq"] == seq
+    ahead = http.get("/v1/cache/events", params={"after": 2 ** 62, "wait": 30}, timeout=5).json()
+    assert ahead["reset"] is True

@@ -139,6 +139,29 @@ def test_sigterm_lets_a_running_request_finish(tmp_path):
         proc.kill()
 
 
+def test_sigterm_answers_cache_feed_long_polls(tmp_path):
+    """A gateway's long-poll of the cache feed must not hold up a drain: it is
+    answered (with nothing new) when the drain starts, and the process exits."""
+    proc = ServerProcess(tmp_path, "--drain-timeout", "60", name="drain-feed").start()
+    try:
+        with httpx.Client(base_url=proc.url, timeout=60) as c:
+            seq = c.get("/v1/cache/events", params={"after": 2 ** 62}).json()["latest_seq"]
+            answers: list[httpx.Response] = []
+            poll = threading.Thread(target=lambda: answers.append(
+                c.get("/v1/cache/events", params={"after": seq, "wait": 30})))
+            poll.start()
+            wait_until(lambda: poll.is_alive() and metric_value(c.get("/metrics").text, "vllm:num_requests_running")
+                       == 0, timeout=5)
+            proc.proc.send_signal(signal.SIGTERM)
+            poll.join(timeout=20)
+            assert not poll.is_alive(), "the drain did not answer the long-poll"
+        body = answers[0].json()
+        assert answers[0].status_code == 200 and (body["reset"], body["events"]) == (False, [])
+        assert proc.proc.wait(20) == 0
+    finally:
+        proc.kill()
+
+
 def test_sigterm_aborts_after_drain_timeout(tmp_path):
     proc = ServerProcess(tmp_path, "--drain-timeout", "0", name="drain-timeout").start()
     try:
