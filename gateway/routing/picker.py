@@ -1,9 +1,16 @@
 """The prefix-aware picker (DESIGN.md §6): affinity first, then the bounded-load ring.
 
-1. Among endpoints within the load bound that hold a prefix of the prompt's
-   blocks, the one holding the most; ties go to the earlier one in the ring
-   walk for this request's key.
-2. Otherwise walk the ring from the key to the first endpoint within the bound.
+1. The endpoint holding the most of the prompt's leading blocks, if it is
+   within the load bound; when several hold that many, the earliest of them in
+   the ring walk for this request's key that is within the bound.
+2. Otherwise walk the ring from the key to the first endpoint within the bound
+   (its blocks, if it holds a shorter prefix, still count as matched).
+
+A holder of a shorter prefix gets no preference in step 2: in a chat, that is
+an engine holding only the shared system prompt, and preferring those would
+send every moved session of that prompt to them while an engine that never got
+the prompt sat idle (measured: one of four engines unused for a whole run at
+c = 1.5, docs/benchmarks.md).
 
 The reason is `affinity` or `ring` when the choice is what an unbounded router
 would have made (the deepest holder, or the ring owner), `overflow` when the
@@ -35,17 +42,16 @@ class PrefixPicker:
 
         depths = self.prefix.match_depths(request.block_hashes, walk) if request.block_hashes else {}
         deepest = max(depths.values(), default=0)
-        chosen, matched = None, 0
+        chosen = None
         if deepest > 0:
-            best_fit = max((depths[e] for e in fits), default=0)
-            if best_fit > 0:
-                chosen = next(e for e in fits if depths[e] == best_fit)
-                matched = best_fit
-            preferred = next(e for e in walk if depths[e] == deepest)
+            holders = [e for e in walk if depths.get(e, 0) == deepest]
+            preferred = holders[0]
+            chosen = next((e for e in holders if e in fits), None)
         else:
             preferred = walk[0]
         if chosen is None:
             chosen = fits[0] if fits else self.bound.first_within(walk, loads, walk)
+        matched = depths.get(chosen, 0)
 
         if not request.tokenized:
             reason = FALLBACK

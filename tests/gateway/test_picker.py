@@ -42,19 +42,25 @@ def test_deepest_holder_wins_and_predicts_cached_tokens():
     assert (d.endpoint, d.reason, d.matched_blocks, d.predicted_cached_tokens) == (PODS[2], "affinity", 3, 48)
 
 
-def test_holder_over_the_bound_is_skipped_for_the_next_best():
-    index = PrefixIndex()
+def test_holder_over_the_bound_gives_way_to_an_equally_deep_one_then_to_the_ring():
+    """DESIGN §6: the deepest holder if within the bound, otherwise the ring. A
+    shallower holder (say, of a shared system prompt only) gets no preference: it
+    would draw every moved session of that prompt, and leave an engine idle."""
     req = request("doc")
-    index.stored(PODS[2], req.block_hashes)
-    index.stored(PODS[1], req.block_hashes[:2])
-    loads = {PODS[0]: 0, PODS[1]: 1, PODS[2]: 5, PODS[3]: 0}  # capacity ceil(1.25*7/4) = 3
-    d = make(index).pick(req, PODS, loads)
-    assert (d.endpoint, d.reason, d.matched_blocks) == (PODS[1], "overflow", 2)
-    loads[PODS[1]] = 3  # now no holder fits: first fitting pod on the ring
-    d = make(index).pick(req, PODS, loads)
     walk = HashRing(PODS).walk(req.ring_key)
-    assert d.reason == "overflow" and d.matched_blocks == 0
-    assert d.endpoint == next(p for p in walk if p not in (PODS[1], PODS[2]))
+    index = PrefixIndex()
+    index.stored(walk[1], req.block_hashes)
+    index.stored(walk[3], req.block_hashes)
+    index.stored(walk[2], req.block_hashes[:2])
+    loads = {walk[0]: 0, walk[1]: 5, walk[2]: 0, walk[3]: 0}  # capacity ceil(1.25*6/4) = 2
+    d = make(index).pick(req, PODS, loads)
+    assert (d.endpoint, d.reason, d.matched_blocks) == (walk[3], "overflow", 4)
+    loads[walk[3]] = 5  # capacity ceil(1.25*11/4) = 4: no deepest holder fits; the ring's first that does
+    d = make(index).pick(req, PODS, loads)
+    assert (d.endpoint, d.reason, d.matched_blocks, d.predicted_cached_tokens) == (walk[0], "overflow", 0, 0)
+    loads[walk[0]] = 5  # capacity 5: the walk reaches the shallow holder, and its blocks count
+    d = make(index).pick(req, PODS, loads)
+    assert (d.endpoint, d.reason, d.matched_blocks, d.predicted_cached_tokens) == (walk[2], "overflow", 2, 32)
 
 
 def test_ring_owner_over_the_bound_overflows_along_the_walk():
