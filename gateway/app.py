@@ -83,7 +83,10 @@ class Gateway:
                                             skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"))
         # Control-plane calls (feed, metrics, probes) must not wait the long upstream timeout.
         engine_auth = f"Bearer {self.config.engine_api_key}" if self.config.engine_api_key else None
+        # No connection cap: every engine holds one cache-feed long-poll open at all times, and
+        # httpx's default of 100 would leave a fleet of 100 engines no connection to scrape with.
         self.control = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=self.config.connect_timeout),
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
                                          headers={"Authorization": engine_auth} if engine_auth else None)
         self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
             max_attempts=self.config.max_attempts, upstream_timeout=self.config.upstream_timeout,
