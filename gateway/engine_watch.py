@@ -156,6 +156,8 @@ class EngineWatcher:
                     await self._load_tokenizer(url)  # retried every _TOKENIZER_RETRY_S until it works
                 pause = self.feed_interval
                 if matches:
+                    # Followed from here on (shown by /ready), even while the first long-poll waits.
+                    self.feed_seq.setdefault(url, seq)
                     started = asyncio.get_running_loop().time()
                     data = await self._events(url, seq)
                     seq, engine_id, matches = self._apply_events(url, data, seq, engine_id)

@@ -169,7 +169,7 @@ def test_the_cache_feed_is_followed_by_long_poll(processes, engine_model_args, w
     gw = processes.gateway([engine.url], "--feed-interval", "60", "--feed-wait", "30")
     processes.wait_ready(gw)
     wait_until(lambda: httpx.get(gw.url + "/ready").json()["tokenizer"], timeout=60)
-    assert httpx.get(gw.url + "/ready").json()["feeds"].get(engine.url, 0) == 0   # a fresh engine: nothing yet
+    wait_until(lambda: httpx.get(gw.url + "/ready").json()["feeds"] == {engine.url: 0}, timeout=30)  # a fresh engine
 
     prompt = DOC.format(d="long-poll") + "Summarise."
     endpoint, reason = route(post(gw.url, prompt))
