@@ -90,6 +90,9 @@ ENGINE = _obj({
     "env": FREE_FORM_ITEMS,
     "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
     "tolerations": FREE_FORM_ITEMS,
+    "apiKeySecretRef": _secret_ref("Secret with key api-key: the engines then want it as a bearer token on "
+                                   "every path but /health, /ready and /metrics, and the gateway sends it "
+                                   "(docs/operator.md)."),
 }, "The engine pods.")
 
 GATEWAY = _obj({

@@ -98,6 +98,7 @@ class EngineSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    api_key_secret: str = ""              # Secret with key `api-key`; "" = engines answer anyone in the cluster
 
     @property
     def num_gpus(self) -> int:
@@ -226,6 +227,7 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         env=tuple(d.get("env") or ()),
         node_selector=d.get("nodeSelector") or {},
         tolerations=tuple(d.get("tolerations") or ()),
+        api_key_secret=(d.get("apiKeySecretRef") or {}).get("name", ""),
     )
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, engine_api_key_env, http_probe, maybe,
+    pod_security_context)
 from pagedkube.operator.builders.model import model_mount
 from pagedkube.operator.spec import LLMServiceSpec
 
@@ -62,7 +63,9 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
 
 
 def engine_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
-    env = list(HOME_ENV)
+    # vLLM reads its key from VLLM_API_KEY (and guards only its /v1 paths with it).
+    key_var = "VLLM_API_KEY" if svc.engine.runtime == "vllm" else "PAGEDKUBE_API_KEY"
+    env = [*HOME_ENV, *engine_api_key_env(svc, key_var)]
     if svc.engine.runtime == "vllm":
         env += [{"name": "HF_HOME", "value": "/tmp/hf"},
                 {"name": "HF_HUB_OFFLINE", "value": "1"},

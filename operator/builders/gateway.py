@@ -10,7 +10,8 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, engine_api_key_env, http_probe, maybe,
+    pod_security_context)
 from pagedkube.operator.spec import LLMServiceSpec
 
 GATEWAY_CONTAINER = "gateway"
@@ -45,7 +46,8 @@ def build_gateway_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
         mounts.append({"name": API_KEYS_VOLUME, "mountPath": API_KEYS_DIR, "readOnly": True})
     env = [*HOME_ENV,
            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-           {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+           {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           *engine_api_key_env(svc, "PAGEDKUBE_ENGINE_API_KEY")]   # the gateway's --engine-api-key
     container = {
         "name": GATEWAY_CONTAINER,
         "image": g.image or naming.GATEWAY_IMAGE,

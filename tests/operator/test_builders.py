@@ -156,6 +156,29 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
     assert engine_svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
 
 
+@pytest.mark.parametrize("runtime, source, variable", [("pagedkube", "builtin://tiny", "PAGEDKUBE_API_KEY"),
+                                                       ("vllm", "pvc://weights/llama/8b", "VLLM_API_KEY")])
+def test_engine_api_key_reaches_the_engines_and_the_gateway(runtime: str, source: str, variable: str) -> None:
+    spec = {"model": {"source": source}, "engine": {"runtime": runtime, "apiKeySecretRef": {"name": "engine-key"}}}
+    objs = {f"{c['kind']}/{c['metadata']['name']}": c
+            for c in build_children(LLMServiceSpec.from_body(body(spec)), with_service_monitor=False)}
+    ref = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
+    (engine,) = objs["Deployment/demo-engine"]["spec"]["template"]["spec"]["containers"]
+    (gateway,) = objs["Deployment/demo-gateway"]["spec"]["template"]["spec"]["containers"]
+    assert [e for e in engine["env"] if "valueFrom" in e] == [{"name": variable, "valueFrom": ref}]
+    assert {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": ref} in gateway["env"]
+    # Probes and scrapes stay on the paths a keyed engine leaves open.
+    assert engine["readinessProbe"]["httpGet"]["path"] in ("/ready", "/health")
+    assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
+    for obj in objs.values():
+        assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION, obj["kind"]
+    # Without the field, no key anywhere: the engines answer anyone in the cluster, as before.
+    plain = children("builtin-cpu")
+    for name in ("Deployment/demo-engine", "Deployment/demo-gateway"):
+        (c,) = plain[name]["spec"]["template"]["spec"]["containers"]
+        assert not {e["name"] for e in c["env"]} & {"PAGEDKUBE_API_KEY", "VLLM_API_KEY", "PAGEDKUBE_ENGINE_API_KEY"}
+
+
 def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
     objs = children("builtin-cpu")
     assert objs["Role/demo-gateway"]["rules"] == [

@@ -104,6 +104,8 @@ INVALID = [
      "<root>: metadata.name must be at most 55 characters"),
     ("api keys without name", variant(gateway={"apiKeySecretRef": {}}),
      "spec.gateway.apiKeySecretRef: 'name' is a required property"),
+    ("engine key without name", variant(engine={"apiKeySecretRef": {}}),
+     "spec.engine.apiKeySecretRef: 'name' is a required property"),
 ]
 
 
@@ -116,5 +118,6 @@ def test_invalid_llmservices_fail_for_the_stated_reason(case: str, obj: dict, re
 
 def test_the_same_specs_pass_when_fixed() -> None:
     ok = variant(autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 3}, replicas=0,
-                 engine={"runtime": "vllm"}, model={"source": "pvc://weights/llama"})
+                 engine={"runtime": "vllm", "apiKeySecretRef": {"name": "engine-key"}},
+                 model={"source": "pvc://weights/llama"})
     assert validate(CRD, ok) == []
