@@ -33,6 +33,7 @@ API_MESSAGES = {
     "unknown field": 'strict decoding error: unknown field "spec.replica"',
     "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
+    "engine key without name": "spec.engine.apiKeySecretRef.name: Required value",
 }
 
 

@@ -108,6 +108,26 @@ def test_a_hand_edit_of_a_child_is_put_back(llms: Kube, operator) -> None:
     assert events, "no Restored event"
 
 
+def test_an_engine_api_key_reaches_both_deployments(llms: Kube, operator) -> None:
+    """spec.engine.apiKeySecretRef, accepted by the real API server, becomes a secretKeyRef
+    on the engines (PAGEDKUBE_API_KEY) and the gateway (PAGEDKUBE_ENGINE_API_KEY)."""
+    llms.run("create", "secret", "generic", "tiny-engine-key", "-n", NS, "--from-literal=api-key=e2e-key")
+    llms.run("patch", "llms", NAME, "-n", NS, "--type=merge",
+             "-p", '{"spec":{"engine":{"apiKeySecretRef":{"name":"tiny-engine-key"}}}}')
+    ref = {"secretKeyRef": {"name": "tiny-engine-key", "key": "api-key"}}
+
+    def env_of(deployment: str) -> list[dict]:
+        d = llms.get("deployment", deployment, NS)
+        return d["spec"]["template"]["spec"]["containers"][0].get("env", []) if d else []
+
+    wait_for(lambda: {"name": "PAGEDKUBE_API_KEY", "valueFrom": ref} in env_of(f"{NAME}-engine"),
+             "the engine Deployment reads the key from the Secret")
+    wait_for(lambda: {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": ref} in env_of(f"{NAME}-gateway"),
+             "the gateway Deployment reads the key from the Secret")
+    assert "e2e-key" not in json.dumps(llms.get("deployment", f"{NAME}-engine", NS))
+    wait_for(lambda: ready_with(llms, 1, operator), "Ready again after the rollout")
+
+
 def test_deleting_the_llmservice_collects_every_child(llms: Kube) -> None:
     llms.run("delete", "llms", NAME, "-n", NS)
     for kind, name in CHILDREN:
