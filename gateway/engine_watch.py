@@ -149,15 +149,15 @@ class EngineWatcher:
                     config = r.json()
                     await self._adopt_config(url, config)
                     matches = self._config_matches(config)
-                    if not matches:
+                    if matches:  # followed from here on (shown by /ready), even while a long-poll waits
+                        self.feed_seq.setdefault(url, seq)
+                    else:
                         log.warning("engine %s cache config %s differs from %s: ignoring its feed",
                                     url, config, self.cache_config)
                 if matches and self.hasher.tokenizer is None:
                     await self._load_tokenizer(url)  # retried every _TOKENIZER_RETRY_S until it works
                 pause = self.feed_interval
                 if matches:
-                    # Followed from here on (shown by /ready), even while the first long-poll waits.
-                    self.feed_seq.setdefault(url, seq)
                     started = asyncio.get_running_loop().time()
                     data = await self._events(url, seq)
                     seq, engine_id, matches = self._apply_events(url, data, seq, engine_id)

@@ -165,7 +165,7 @@ class LLMServiceSpec:
             generation=int(meta.get("generation") or 0),
             model_name=model.get("name") or source.default_name(),
             source=source,
-            hf_token_secret=(model.get("hfTokenSecretRef") or {}).get("name", ""),
+            hf_token_secret=_secret_name(model, "hfTokenSecretRef"),
             replicas=replicas,
             autoscaling=autoscaling,
             engine=engine,
@@ -173,6 +173,11 @@ class LLMServiceSpec:
             monitoring_enabled=bool(monitoring.get("enabled", True)),
             scrape_interval=monitoring.get("interval", DEFAULT_SCRAPE_INTERVAL),
         )
+
+
+def _secret_name(d: Mapping[str, Any], key: str) -> str:
+    """The `name` of a `{key}: {name: ...}` Secret reference; "" when absent."""
+    return (d.get(key) or {}).get("name", "")
 
 
 def _int(d: Mapping[str, Any], key: str, default: int | None, where: str, low: int = 1) -> Any:
@@ -227,7 +232,7 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         env=tuple(d.get("env") or ()),
         node_selector=d.get("nodeSelector") or {},
         tolerations=tuple(d.get("tolerations") or ()),
-        api_key_secret=(d.get("apiKeySecretRef") or {}).get("name", ""),
+        api_key_secret=_secret_name(d, "apiKeySecretRef"),
     )
 
 
@@ -249,6 +254,6 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
         resources=d.get("resources") or {},
         routing_policy=policy,
         load_bound=load_bound,
-        api_key_secret=(d.get("apiKeySecretRef") or {}).get("name", ""),
+        api_key_secret=_secret_name(d, "apiKeySecretRef"),
         service_type=service_type,
     )

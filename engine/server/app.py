@@ -86,7 +86,6 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         try:
             yield
         finally:
-            state.feed_waiters.wake()
             await asyncio.to_thread(state.engine.shutdown)
 
     app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)

@@ -52,7 +52,8 @@ class FeedWaiters:
                 future.set_result(None)
 
     async def wait_after(self, kv_events, after: int, timeout: float) -> None:
-        """Returns once `kv_events` has an event after `after`, or after `timeout` s."""
+        """Returns once `kv_events` has an event after `after`, or after `timeout` s. Only an
+        up-to-date reader waits: any other answer (events, or a reset) is ready now."""
         future = self._loop.create_future()
         self._waiting.add(future)
         try:
@@ -82,8 +83,7 @@ async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le
                        wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> dict:
     state = _state(request)
     log = state.info.kv_events
-    # Only an up-to-date reader waits: any other answer (events, or a reset) is ready now.
-    if wait > 0 and after == log.latest_seq and not state.draining and state.feed_waiters is not None:
+    if wait > 0 and not state.draining:
         await state.feed_waiters.wait_after(log, after, wait)
     return log.events_after(after)
 
