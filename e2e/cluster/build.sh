@@ -5,6 +5,8 @@
 #     kwok kwokctl                                           (sigs.k8s.io/kwok)
 #     etcd                                                   (go.etcd.io/etcd/server/v3)
 #     actionlint                                             (github.com/rhysd/actionlint)
+#   build.sh node: also kubelet kube-proxy (k8s.io/kubernetes) for the real node
+#   (node.sh), with its own stamp so the control plane's cache stays valid.
 # Each group is built from a small generated wrapper module with one
 # `go build -o DIR ...` so the packages compile once; a stamp file records the
 # versions so a second run skips the build. Prints the bin dir on stdout.
@@ -19,7 +21,13 @@ src="$cache/src"
 stamp="$bin/.stamp"
 want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION actionlint=$ACTIONLINT_VERSION"
 
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+want_node="k8s=$K8S_VERSION kubelet kube-proxy"
+node_stamp="$bin/.stamp-node"
+need_node=0
+if [[ "${1:-}" == node && ! ( -f "$node_stamp" && "$(cat "$node_stamp")" == "$want_node" ) ]]; then
+  need_node=1
+fi
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && $need_node == 0 ]]; then
   echo "$bin"
   exit 0
 fi
@@ -52,16 +60,46 @@ import (
 )
 GO
   (cd "$d" && go mod tidy -e >&2)
-  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
-  ld+=" -X k8s.io/component-base/version.gitMajor=1"
-  ld+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
-  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
-  ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+  local ld
+  ld="$(k8s_ldflags)"
   log "building kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION"
   (cd "$d" && go build -o "$bin/" -ldflags "$ld" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler)
+}
+
+k8s_ldflags() {
+  local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  ld+=" -X k8s.io/component-base/version.gitMajor=1"
+  ld+=" -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
+  ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+  echo "$ld"
+}
+
+# kubelet and kube-proxy from a wrapper module like build_k8s's (same replaces),
+# so they share its module and build caches.
+build_node() {
+  local d="$src/k8snode"
+  mkdir -p "$d"
+  sed 's#^module .*#module pagedkube.io/e2e/k8snode#' "$src/k8s/go.mod" > "$d/go.mod"
+  cp "$src/k8s/go.sum" "$d/go.sum" 2>/dev/null || true
+  cat > "$d/tools.go" <<'GO'
+//go:build tools
+
+package k8snode
+
+import (
+	_ "k8s.io/kubernetes/cmd/kubelet/app"
+	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
+)
+GO
+  (cd "$d" && go mod tidy -e >&2)
+  log "building kubelet kube-proxy $K8S_VERSION"
+  (cd "$d" && go build -o "$bin/" -ldflags "$(k8s_ldflags)" \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy)
 }
 
 build_kwok() {
@@ -112,10 +150,17 @@ build_actionlint() {
 }
 
 start=$(date +%s)
-build_actionlint
-build_kwok
-build_etcd
-build_k8s
-log "built in $(( $(date +%s) - start )) s"
-echo "$want" > "$stamp"
+if [[ ! ( -f "$stamp" && "$(cat "$stamp")" == "$want" ) ]]; then
+  build_actionlint
+  build_kwok
+  build_etcd
+  build_k8s
+  log "built in $(( $(date +%s) - start )) s"
+  echo "$want" > "$stamp"
+fi
+if [[ $need_node == 1 ]]; then
+  build_node
+  log "node binaries built in $(( $(date +%s) - start )) s"
+  echo "$want_node" > "$node_stamp"
+fi
 echo "$bin"

@@ -79,6 +79,11 @@ def build_engine_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
     mount = model_mount(svc.source, image=image, hf_token_secret=svc.hf_token_secret,
                         security_context=container_security_context(), tmp_mount=TMP_MOUNT)
     command, args = engine_command(svc, mount.model_path)
+    # The model download runs in the engine image with the engine's pull policy and
+    # spec.engine.env (HF_ENDPOINT for a Hub mirror, HTTPS_PROXY, ...).
+    for init in mount.init_containers:
+        init.update(maybe("imagePullPolicy", e.image_pull_policy))
+        init["env"] = [*init["env"], *(dict(v) for v in e.env)]
     # vLLM's own health check is /health; it has no separate readiness endpoint.
     ready_path = "/health" if e.runtime == "vllm" else "/ready"
     volumes = [TMP_VOLUME, *mount.volumes]

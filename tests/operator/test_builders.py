@@ -29,7 +29,8 @@ SPECS = {
         "engine": {"resources": {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}},
                    "maxModelLen": 4096, "extraArgs": ["--max-waiting", "64"],
                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                   "nodeSelector": {"gpu": "h100"}},
+                   "nodeSelector": {"gpu": "h100"}, "imagePullPolicy": "Never",
+                   "env": [{"name": "HF_ENDPOINT", "value": "http://mirror.internal:8080"}]},
         "gateway": {"replicas": 2, "apiKeySecretRef": {"name": "keys"},
                     "routing": {"policy": "least-load", "loadBound": 1.5}},
     },
@@ -120,6 +121,10 @@ def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
     assert init["command"] == ["python3", "-c", DOWNLOAD_SCRIPT]
     assert init["args"] == ["Qwen/Qwen2.5-0.5B-Instruct", "main", "/models/model"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in init["env"]
+    # spec.engine.env and the pull policy reach the download too (a Hub mirror via HF_ENDPOINT)
+    mirror = {"name": "HF_ENDPOINT", "value": "http://mirror.internal:8080"}
+    assert mirror in c["env"] and mirror in init["env"]
+    assert init["imagePullPolicy"] == c["imagePullPolicy"] == "Never"
     assert {"name": "model", "emptyDir": {}} in pod["volumes"]
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
     assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
