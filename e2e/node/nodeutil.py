@@ -1,0 +1,83 @@
+"""Helpers for the real-node tests: LLMServices whose images are never pulled,
+waits that print the pods and events when they fail, and kubectl port-forward."""
+from __future__ import annotations
+
+import os
+import sys
+
+import httpx
+import yaml
+
+from kubeutil import ROOT, Kube, Processes, free_port, wait_for
+
+CLUSTER = ROOT / "e2e" / "cluster"
+NODE_NAME = "pagedkube-node"
+CHART_NS = "pagedkube-system"
+
+
+def node_env() -> dict[str, str]:
+    """cluster.sh's environment for the cluster with the real node."""
+    return {**os.environ, "PYTHON": sys.executable, "PAGEDKUBE_E2E_NODE": "real"}
+
+
+def pod_report(kube: Kube, namespace: str) -> str:
+    """Pods, their statuses and the last events: what a failing wait prints."""
+    pods = kube.run("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+    events = kube.run("get", "events", "-n", namespace, "--sort-by", ".lastTimestamp", check=False).stdout
+    return f"{pods}\n{events[-4000:]}"
+
+
+def llmservice(name: str, namespace: str, spec: dict) -> dict:
+    """An LLMService whose engine and gateway images are never pulled."""
+    spec = {**spec,
+            "engine": {**spec.get("engine", {}), "imagePullPolicy": "Never"},
+            "gateway": {**spec.get("gateway", {}), "imagePullPolicy": "Never"}}
+    return {"apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def example() -> dict:
+    return yaml.safe_load((ROOT / "manifests" / "examples" / "llmservice.yaml").read_text())
+
+
+def ready_llms(kube: Kube, name: str, namespace: str, replicas: int, timeout: float = 600) -> dict:
+    def ready() -> dict | None:
+        obj = kube.get("llms", name, namespace) or {}
+        status = obj.get("status", {})
+        cond = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+        ok = cond.get("status") == "True" and status.get("readyReplicas") == replicas == status.get("replicas")
+        return obj if ok else None
+    try:
+        return wait_for(ready, f"LLMService {namespace}/{name} Ready with {replicas} replicas", timeout=timeout,
+                        interval=2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{pod_report(kube, namespace)}") from None
+
+
+def engine_pods(kube: Kube, name: str, namespace: str) -> list[dict]:
+    return kube.json("get", "pods", "-n", namespace, "-l",
+                     f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine")["items"]
+
+
+class PortForward:
+    """`kubectl port-forward TARGET LOCAL:PORT` (API server -> kubelet -> the pod) as a
+    process; `url` is http://127.0.0.1:LOCAL once it answers GET /health."""
+
+    def __init__(self, kube: Kube, processes: Processes, namespace: str, target: str, port: int):
+        self.local = free_port()
+        self.proc = processes.start(f"port-forward-{target.replace('/', '-')}-{self.local}",
+                                    [str(kube.kubectl), "--kubeconfig", str(kube.kubeconfig), "port-forward",
+                                     "-n", namespace, target, f"{self.local}:{port}"], env={})
+        self.processes = processes
+        self.url = f"http://127.0.0.1:{self.local}"
+
+        def up() -> bool:
+            assert self.proc.poll() is None, f"port-forward exited:\n{processes.log(self.proc)}"
+            try:
+                return httpx.get(f"{self.url}/health", timeout=3).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(up, f"port-forward to {namespace}/{target}", timeout=90)
+
+    def close(self) -> None:
+        self.processes.stop(self.proc)

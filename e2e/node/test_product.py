@@ -1,0 +1,170 @@
+"""The product in real containers, as a user installs it: the chart's operator pod
+reconciles manifests/examples/llmservice.yaml, the engine pods pass their probes,
+and chat completions go client -> kubectl port-forward -> gateway pod -> engine
+pod over the pod network. Then `kubectl scale` to 3, and an engine pod deleted
+under load. The tests run in file order on one LLMService.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import openai
+import pytest
+
+from kubeutil import Kube, Processes, wait_for
+from nodeutil import CHART_NS, NODE_NAME, PortForward, engine_pods, example, llmservice, pod_report, ready_llms
+
+NS = "e2e-product"
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def llms(chart: Kube) -> Kube:
+    chart.run("create", "namespace", NS, check=False)
+    spec = example()
+    assert spec["metadata"]["name"] == NAME
+    chart.apply(llmservice(NAME, NS, spec["spec"]))
+    yield chart
+    chart.run("delete", "namespace", NS, "--timeout", "180s", check=False)
+
+
+@pytest.fixture(scope="module")
+def gateway(llms: Kube, processes: Processes) -> PortForward:
+    ready_llms(llms, NAME, NS, 2)
+    pf = PortForward(llms, processes, NS, f"svc/{NAME}", 80)
+    yield pf
+    pf.close()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ready_engine_ips(kube: Kube) -> set[str]:
+    return {p["status"]["podIP"] for p in engine_pods(kube, NAME, NS)
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
+
+
+def chat(url: str, prompt: str, max_tokens: int = 8) -> tuple[str, str]:
+    """(text, x-pagedkube-endpoint) of one non-streamed chat completion."""
+    raw = client(url).chat.completions.with_raw_response.create(
+        model=NAME, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
+    return raw.parse().choices[0].message.content, raw.headers["x-pagedkube-endpoint"]
+
+
+def test_the_operator_pod_reconciles_the_example_and_the_engines_pass_their_probes(llms: Kube) -> None:
+    (operator,) = llms.json("get", "pods", "-n", CHART_NS)["items"]
+    assert operator["spec"]["nodeName"] == NODE_NAME
+    assert operator["spec"]["serviceAccountName"] == "pagedkube-operator"
+    obj = ready_llms(llms, NAME, NS, 2)
+    assert obj["status"]["replicas"] == 2
+    pods = engine_pods(llms, NAME, NS)
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["spec"]["nodeName"] == NODE_NAME
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["started"] and status["containerID"].startswith("containerd://")
+        assert status["restartCount"] == 0, pod_report(llms, NS)
+    # READY column of `kubectl get llms`
+    row = llms.run("get", "llms", NAME, "-n", NS, "--no-headers").stdout.split()
+    assert row[:4] == [NAME, "builtin://tiny", "2", "2"]
+
+
+def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube, gateway: PortForward) -> None:
+    engines = ready_engine_ips(llms)
+    text, endpoint = chat(gateway.url, "Hello there")
+    assert text
+    assert endpoint.removeprefix("http://").rsplit(":", 1)[0] in engines, (endpoint, engines)
+    with client(gateway.url).chat.completions.with_streaming_response.create(
+            model=NAME, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8,
+            temperature=0, stream=True) as response:
+        endpoint = response.headers["x-pagedkube-endpoint"]
+        chunks = [c for c in response.parse()]
+    assert endpoint.removeprefix("http://").rsplit(":", 1)[0] in engines
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[-1].finish_reason in ("length", "stop") if chunks[-1].choices else True
+
+
+def served_by(url: str, ip: str, tries: int = 200) -> bool:
+    """Sends distinct prompts until one is served by the engine at `ip`."""
+    for i in range(tries):
+        if chat(url, f"prompt number {i} for {ip}", max_tokens=2)[1].startswith(f"http://{ip}:"):
+            return True
+    return False
+
+
+def test_kubectl_scale_to_three_starts_a_pod_that_serves(llms: Kube, gateway: PortForward) -> None:
+    before = ready_engine_ips(llms)
+    llms.run("scale", "llms", NAME, "-n", NS, "--replicas", "3")
+    ready_llms(llms, NAME, NS, 3)
+    (new,) = ready_engine_ips(llms) - before
+    # the gateway learns the new pod from the EndpointSlice once it is Ready
+    wait_for(lambda: served_by(gateway.url, new, tries=20), f"a request served by the new engine {new}",
+             timeout=120, interval=1)
+
+
+def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: PortForward) -> None:
+    pods = engine_pods(llms, NAME, NS)
+    victim = pods[0]["metadata"]["name"]
+    victim_ip = pods[0]["status"]["podIP"]
+    stop_at = [float("inf")]
+
+    def worker(n: int) -> list[tuple[str, str]]:
+        out = []
+        i = 0
+        while time.monotonic() < stop_at[0]:
+            out.append(chat(gateway.url, f"worker {n} request {i}", max_tokens=4))
+            i += 1
+        return out
+    with cf.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(worker, n) for n in range(6)]
+        wait_for(lambda: any(f.done() for f in futures) or served_by(gateway.url, victim_ip, tries=5),
+                 "traffic on the engine about to be deleted", timeout=60)
+        llms.run("delete", "pod", victim, "-n", NS, "--wait=false")
+        wait_for(lambda: victim_ip not in ready_engine_ips(llms), "the deleted pod to leave the ready set")
+        stop_at[0] = time.monotonic() + 10   # keep the load on while the pod drains and goes
+        results = [r for f in futures for r in f.result()]   # raises if any request failed
+    assert results and all(text for text, _ in results)
+    # the Deployment replaces the pod; the gateway routes to the replacement once Ready
+    ready_llms(llms, NAME, NS, 3)
+    (replacement,) = wait_for(lambda: (ips := ready_engine_ips(llms) - {p["status"]["podIP"] for p in pods})
+                              and ips, "the replacement engine pod Ready")
+    wait_for(lambda: served_by(gateway.url, replacement, tries=20),
+             f"a request served by the replacement {replacement}", timeout=120, interval=1)
+
+
+def test_health_and_metrics_answer_through_the_gateway_pod(gateway: PortForward) -> None:
+    assert httpx.get(f"{gateway.url}/ready", timeout=10).json()["endpoints"]["ready"] == 3
+    assert "pagedkube_gateway" in httpx.get(f"{gateway.url}/metrics", timeout=10).text
+
+
+# Words a process prints when a cache, temp or home directory is not writable.
+UNWRITABLE = ("Read-only file system", "Permission denied", "not writable", "could not be written",
+              "Errno 13", "Errno 30", "cannot create", "No usable temporary directory")
+
+
+@pytest.mark.parametrize("namespace, selector", [
+    (CHART_NS, "app.kubernetes.io/name=pagedkube"),
+    (NS, "app.kubernetes.io/component=engine"),
+    (NS, "app.kubernetes.io/component=gateway"),
+])
+def test_containers_run_as_non_root_on_a_read_only_root_and_log_no_write_failure(
+        llms: Kube, gateway: PortForward, namespace: str, selector: str) -> None:
+    pods = [p for p in llms.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+            if not p["metadata"].get("deletionTimestamp")]
+    assert pods
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        (container,) = pod["spec"]["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        probe = ("import os, tempfile\n"
+                 "try:\n    open('/written-by-e2e', 'w')\nexcept OSError as e:\n    print('root', e.errno)\n"
+                 "with tempfile.NamedTemporaryFile(dir=os.environ['HOME']) as f:\n    print('home ok')\n"
+                 "print(os.getuid(), os.getgid())\n")
+        out = llms.run("exec", name, "-n", namespace, "--", "python", "-c", probe).stdout.split("\n")
+        assert out[:3] == ["root 30", "home ok", "10001 10001"], (name, out)   # 30: EROFS
+        log = llms.run("logs", name, "-n", namespace, "--all-containers").stdout
+        assert not [w for w in UNWRITABLE if w in log], (name, log[-4000:])
