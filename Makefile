@@ -10,7 +10,7 @@ PIP := $(BIN)/python -P -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: up test test-fast test-wheel test-e2e install bench clean model images
+.PHONY: up test test-fast test-wheel test-e2e test-node node-deps node-images install bench clean model images
 
 $(BIN)/python:
 	$(PYTHON) -P -m venv $(VENV)
@@ -48,7 +48,26 @@ test-wheel: install
 test-e2e: install
 	@if command -v go >/dev/null; then e2e/cluster/build.sh >/dev/null; \
 	else echo "e2e: no Go toolchain; the e2e tests will be skipped"; fi
-	$(BIN)/pytest e2e
+	$(BIN)/pytest e2e --ignore=e2e/node
+
+# The real-node tier: the same control plane plus a real node (kubelet, kube-proxy,
+# containerd, runc, CNI) running the chart, the operator, gateways and engines in
+# containers built from Dockerfile.engine/Dockerfile.gateway by buildah (no Docker,
+# no registry). Needs root. The first image build takes long (see README).
+NODE_DEBS := containerd runc containernetworking-plugins iptables conntrack buildah debootstrap openssl
+node-deps:
+	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends $$missing; fi
+
+# Base, pause, gateway and engine images, cached by a hash of their inputs.
+node-images: node-deps
+	e2e/cluster/images.sh build
+
+test-node: install node-deps
+	e2e/cluster/build.sh node >/dev/null
+	e2e/cluster/images.sh build
+	$(BIN)/pytest e2e/node
 
 bench: install
 	$(BIN)/python bench/engine_throughput.py

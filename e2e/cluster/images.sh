@@ -75,6 +75,7 @@ EOF
     bah push "$BASE_REF" "oci-archive:$out.part:$BASE_REF" >&2
     mv "$out.part" "$out"
     rm -rf "$rootfs"
+    find "$cache" -maxdepth 1 -name "base-*.tar" ! -name "$(basename "$out")" -delete
   fi
   # buildah resolves ARG PYTHON_IMAGE from its own storage.
   bah inspect --type image "$BASE_REF" >/dev/null 2>&1 || bah pull "oci-archive:$out" >/dev/null
@@ -126,6 +127,7 @@ GO
     bah push "$PAUSE_REF" "oci-archive:$out.part:$PAUSE_REF" >&2
     mv "$out.part" "$out"
     rm -rf "$d"
+    find "$cache" -maxdepth 1 -name "pause-*.tar" ! -name "$(basename "$out")" -delete
   fi
   echo "pause $out $PAUSE_REF"
 }
@@ -139,10 +141,12 @@ build_dockerfile() {
   if [[ ! -f "$out" ]]; then
     log "building $ref from $dockerfile"
     local t0=$SECONDS
-    (cd "$root" && bah bud --layers --pull=false --isolation chroot --network host \
+    # docker format keeps the Dockerfiles' HEALTHCHECK (OCI image configs have no field for it)
+    (cd "$root" && bah bud --layers --pull=false --isolation chroot --network host --format docker \
        --build-arg "PYTHON_IMAGE=$BASE_REF" -f "$dockerfile" -t "$ref" . >&2)
-    # Uncompressed: gzip of the engine's torch layer costs minutes of CPU for a local import.
-    bah push --disable-compression "$ref" "oci-archive:$out.part:$ref" >&2
+    # A docker archive: uncompressed (gzip of the engine's torch layer would cost minutes
+    # of CPU for a local import), and it keeps the docker-format config.
+    bah push "$ref" "docker-archive:$out.part:$ref" >&2
     mv "$out.part" "$out"
     log "$ref built in $(( SECONDS - t0 )) s"
     find "$cache" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$out")" -delete

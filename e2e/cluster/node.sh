@@ -86,6 +86,8 @@ state = "$dir/containerd-state"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+  # pod network namespaces under the state dir (not /var/run/netns), so down finds ours
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -157,8 +159,10 @@ clusterCIDR: $CLUSTER_CIDR
 mode: iptables
 metricsBindAddress: 127.0.0.1:$PROXY_METRICS_PORT
 healthzBindAddress: 127.0.0.1:$PROXY_HEALTHZ_PORT
-# 0: leave the host's conntrack table size alone.
-conntrack: {maxPerCore: 0}
+# 0: leave the host's conntrack table size and timeouts alone.
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+# NodePorts on the node's address only (no localhost NodePorts, so no route_localnet).
+nodePortAddresses: [primary]
 EOF
 }
 
@@ -192,6 +196,7 @@ import_images() {
 
 up() {
   need
+  save_sysctls
   sysctl -qw net.ipv4.ip_forward=1
   [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] || modprobe br_netfilter 2>/dev/null || true
   [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] && sysctl -qw net.bridge.bridge-nf-call-iptables=1
@@ -227,19 +232,31 @@ down() {
   if [[ -x "$bin/kube-proxy" ]]; then "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true; fi
   unmount_under "$dir"
   unmount_under "$store"
-  # containerd's CRI names pod network namespaces cni-<uuid>; this node is the
-  # machine's only CRI runtime, so every one of them is ours.
-  local ns
-  for ns in /var/run/netns/cni-*; do
-    if [[ -e "$ns" ]]; then ip netns delete "$(basename "$ns")" 2>/dev/null || true; fi
-  done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
   cni_iptables_cleanup
   local c
   for c in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do
     if [[ -d "$c" ]]; then find "$c" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
+  restore_sysctls
   rm -rf "$dir"
+}
+
+# The kernel settings the node changes (kubelet sets the vm./kernel. ones it
+# wants): saved at the first up, put back at down.
+SYSCTLS="net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables vm.overcommit_memory vm.panic_on_oom
+kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
+save_sysctls() {
+  [[ -f "$dir/sysctl.saved" ]] && return
+  local k
+  for k in $SYSCTLS; do
+    if sysctl -n "$k" >/dev/null 2>&1; then echo "$k=$(sysctl -n "$k")"; fi
+  done > "$dir/sysctl.saved"
+}
+restore_sysctls() {
+  [[ -f "$dir/sysctl.saved" ]] || return 0
+  local kv
+  while read -r kv; do sysctl -qw "$kv" 2>/dev/null || true; done < "$dir/sysctl.saved"
 }
 
 stop() {  # stop NAME: TERM, then KILL after 20 s
