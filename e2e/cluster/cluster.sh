@@ -7,7 +7,7 @@
 #
 #   cluster.sh up     build (cached) + start + 2 kwok nodes; prints the kubeconfig path
 #   cluster.sh down   stop everything and remove the cluster's state
-#   cluster.sh env    print KUBECONFIG=... and PATH for a shell: eval "$(cluster.sh env)"
+#   cluster.sh env    print KUBECONFIG=... and PATH (kubectl, kwokctl, helm) for a shell: eval "$(cluster.sh env)"
 # Both up and down are idempotent. State lives in $PAGEDKUBE_E2E_DIR
 # (default /tmp/pagedkube-e2e-$UID); the cluster is named $PAGEDKUBE_E2E_CLUSTER.
 #
@@ -136,6 +136,9 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  env) tools; echo "export KUBECONFIG=$kubeconfig PATH=$PATH" ;;
+  env) tools
+       # helm too, for the README's `helm install`
+       PATH="$(dirname "$("$python" "$root/tests/tools/binaries.py" helm)"):$PATH"
+       echo "export KUBECONFIG=$kubeconfig PATH=$PATH" ;;
   *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
 esac

@@ -203,6 +203,7 @@ up() {
   PAUSE_REF="$("$here/images.sh" refs | sed -n 's/^pause //p')"
   ip="$(node_ip)"
   write_configs
+  make_cgroup_root
   start containerd "$dir/containerd.log" containerd --config "$dir/containerd.toml"
   wait_for containerd 60 ctr_ version
   import_images
@@ -238,6 +239,8 @@ down() {
   for c in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do
     if [[ -d "$c" ]]; then find "$c" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
   done
+  # kubelet's symlinks to our pods' logs (its /var/log/containers is not configurable)
+  find /var/log/containers -maxdepth 1 -type l -lname "$dir/*" -delete 2>/dev/null || true
   restore_sysctls
   rm -rf "$dir"
 }
@@ -257,6 +260,20 @@ restore_sysctls() {
   [[ -f "$dir/sysctl.saved" ]] || return 0
   local kv
   while read -r kv; do sysctl -qw "$kv" 2>/dev/null || true; done < "$dir/sysctl.saved"
+}
+
+# kubelet wants its cgroupRoot to exist in every hierarchy; a new cpuset cgroup
+# (cgroup v1) starts with no CPUs or memory nodes until given its parent's.
+make_cgroup_root() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [[ -d "$h" && ! -L "${h%/}" ]] || continue
+    mkdir -p "$h${CGROUP_ROOT#/}"
+    if [[ -f "$h/cpuset.cpus" ]]; then
+      cat "$h/cpuset.cpus" > "$h${CGROUP_ROOT#/}/cpuset.cpus"
+      cat "$h/cpuset.mems" > "$h${CGROUP_ROOT#/}/cpuset.mems"
+    fi
+  done
 }
 
 stop() {  # stop NAME: TERM, then KILL after 20 s

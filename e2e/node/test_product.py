@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
+import uuid
 
 import httpx
 import openai
@@ -82,16 +83,23 @@ def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube,
             model=NAME, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8,
             temperature=0, stream=True) as response:
         endpoint = response.headers["x-pagedkube-endpoint"]
-        chunks = [c for c in response.parse()]
+        chunks = list(response.parse())
     assert endpoint.removeprefix("http://").rsplit(":", 1)[0] in engines
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert chunks[-1].choices[-1].finish_reason in ("length", "stop") if chunks[-1].choices else True
+    assert "".join(choice.delta.content or "" for c in chunks for choice in c.choices)
+    (reason,) = [choice.finish_reason for c in chunks for choice in c.choices if choice.finish_reason]
+    assert reason in ("length", "stop")
+
+
+def fresh(text: str) -> str:
+    """A prompt whose first KV block is new (a random head), so prefix affinity does not
+    pin it to the engine that served the last one: the ring spreads such prompts."""
+    return f"{uuid.uuid4().hex} {text}"
 
 
 def served_by(url: str, ip: str, tries: int = 200) -> bool:
-    """Sends distinct prompts until one is served by the engine at `ip`."""
-    for i in range(tries):
-        if chat(url, f"prompt number {i} for {ip}", max_tokens=2)[1].startswith(f"http://{ip}:"):
+    """Sends fresh prompts until one is served by the engine at `ip`."""
+    for _ in range(tries):
+        if chat(url, fresh("hello"), max_tokens=2)[1].startswith(f"http://{ip}:"):
             return True
     return False
 
@@ -116,7 +124,7 @@ def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: 
         out = []
         i = 0
         while time.monotonic() < stop_at[0]:
-            out.append(chat(gateway.url, f"worker {n} request {i}", max_tokens=4))
+            out.append(chat(gateway.url, fresh(f"worker {n} request {i}"), max_tokens=4))
             i += 1
         return out
     with cf.ThreadPoolExecutor(6) as pool:
