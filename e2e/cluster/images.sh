@@ -23,7 +23,8 @@ version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml")"
 SUITE=bookworm
 MIRROR="${PAGEDKUBE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${PAGEDKUBE_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
-BASE_PACKAGES="python3.11 python3.11-venv python-is-python3 ca-certificates"
+# libpython3.11-dev: the official image ships the C headers (Triton compiles its launcher against them).
+BASE_PACKAGES="python3.11 python3.11-venv libpython3.11-dev python-is-python3 ca-certificates"
 # Extra CA certificates the machine trusts (a TLS-intercepting proxy's, a mirror's) go into
 # the base image's trust store, and pip is told to use that store (/etc/pip.conf).
 EXTRA_CA_DIR="${PAGEDKUBE_EXTRA_CA_DIR:-/usr/local/share/ca-certificates}"

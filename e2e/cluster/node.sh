@@ -234,7 +234,7 @@ down() {
   unmount_under "$dir"
   unmount_under "$store"
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
-  cni_iptables_cleanup
+  iptables_cleanup
   local c
   for c in /sys/fs/cgroup/*/"${CGROUP_ROOT#/}"; do
     if [[ -d "$c" ]]; then find "$c" -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
@@ -293,19 +293,25 @@ unmount_under() {  # deepest first
   done < <(awk -v d="$1/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r)
 }
 
-# The bridge plugin's masquerade chains (CNI-<hash>, commented with our network name)
-# and portmap's chains for our pods.
-cni_iptables_cleanup() {
-  local t rule chain
-  for t in nat filter; do
-    while read -r rule; do
-      if [[ -n "$rule" ]]; then eval "iptables -t $t ${rule/-A/-D}" 2>/dev/null || true; fi
-    done < <(iptables -t "$t" -S 2>/dev/null | grep -E 'pagedkube-e2e|CNI-HOSTPORT|CNI-DN-' | grep '^-A' | grep -vE '^-A CNI-' || true)
-    for chain in $(iptables -t "$t" -S 2>/dev/null | sed -n 's/^-N \(CNI-[A-Za-z0-9-]*\).*/\1/p'); do
-      if ! iptables -t "$t" -S 2>/dev/null | grep -- "-j $chain" | grep -vq "^-A $chain "; then
-        iptables -t "$t" -F "$chain" 2>/dev/null || true
-        iptables -t "$t" -X "$chain" 2>/dev/null || true
-      fi
+# The chains this node's components made: the bridge plugin's masquerade chains
+# (CNI-<hash>) and portmap's (CNI-HOSTPORT-*, CNI-DN-*), kube-proxy's and
+# kubelet's (KUBE-*, canaries included). Nothing else on the machine uses these
+# prefixes. Rules in built-in chains that jump to them go first, then the chains.
+iptables_cleanup() {
+  local cmd t rule chain
+  for cmd in iptables ip6tables; do
+    command -v "$cmd" >/dev/null || continue
+    for t in filter nat mangle; do
+      while read -r rule; do
+        if [[ -n "$rule" ]]; then eval "$cmd -t $t ${rule/-A/-D}" 2>/dev/null || true; fi
+      done < <("$cmd" -t "$t" -S 2>/dev/null | grep '^-A' | grep -vE '^-A (CNI|KUBE)-' \
+                 | grep -E -- '-j (CNI|KUBE)-|pagedkube-e2e' || true)
+      for chain in $("$cmd" -t "$t" -S 2>/dev/null | sed -n 's/^-N \(\(CNI\|KUBE\)-[A-Za-z0-9-]*\).*/\1/p'); do
+        "$cmd" -t "$t" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$cmd" -t "$t" -S 2>/dev/null | sed -n 's/^-N \(\(CNI\|KUBE\)-[A-Za-z0-9-]*\).*/\1/p'); do
+        "$cmd" -t "$t" -X "$chain" 2>/dev/null || true
+      done
     done
   done
 }

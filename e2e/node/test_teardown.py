@@ -18,7 +18,7 @@ def leftovers(state: str) -> dict[str, list[str]]:
     def lines(*cmd: str) -> list[str]:
         p = subprocess.run(cmd, capture_output=True, text=True, check=False)
         return p.stdout.splitlines()
-    iptables = [r for t in ("filter", "nat", "mangle") for r in lines("iptables", "-t", t, "-S")
+    iptables = [r for cmd in ("iptables", "ip6tables") for t in ("filter", "nat", "mangle") for r in lines(cmd, "-t", t, "-S")
                 if re.search(r"KUBE-|CNI-|pagedkube", r)]
     return {
         "processes": [line for line in lines("ps", "-eo", "pid,args")
