@@ -27,6 +27,13 @@ def pod_report(kube: Kube, namespace: str) -> str:
     return f"{pods}\n{events[-4000:]}"
 
 
+def component_logs(kube: Kube, name: str, namespace: str, component: str, tail: int = 200) -> str:
+    """The last lines of every container of an LLMService's engine or gateway pods."""
+    return kube.run("logs", "-n", namespace, "-l", f"app.kubernetes.io/instance={name},"
+                    f"app.kubernetes.io/component={component}", "--all-containers", "--prefix",
+                    "--tail", str(tail), check=False).stdout
+
+
 def llmservice(name: str, namespace: str, spec: dict) -> dict:
     """An LLMService whose engine and gateway images are never pulled."""
     spec = {**spec,
@@ -61,23 +68,29 @@ def engine_pods(kube: Kube, name: str, namespace: str) -> list[dict]:
 
 class PortForward:
     """`kubectl port-forward TARGET LOCAL:PORT` (API server -> kubelet -> the pod) as a
-    process; `url` is http://127.0.0.1:LOCAL once it answers GET /health."""
+    process; `url` is http://127.0.0.1:LOCAL once it answers GET /health. kubectl
+    exits when the pod refuses a connection (not listening yet): it is restarted."""
 
     def __init__(self, kube: Kube, processes: Processes, namespace: str, target: str, port: int):
         self.local = free_port()
-        self.proc = processes.start(f"port-forward-{target.replace('/', '-')}-{self.local}",
-                                    [str(kube.kubectl), "--kubeconfig", str(kube.kubeconfig), "port-forward",
-                                     "-n", namespace, target, f"{self.local}:{port}"], env={})
         self.processes = processes
         self.url = f"http://127.0.0.1:{self.local}"
+        cmd = [str(kube.kubectl), "--kubeconfig", str(kube.kubeconfig), "port-forward", "-n", namespace, target,
+               f"{self.local}:{port}"]
+        self.proc = processes.start(f"port-forward-{self.local}", cmd, env={})
+        restarts = [0]
 
         def up() -> bool:
-            assert self.proc.poll() is None, f"port-forward exited:\n{processes.log(self.proc)}"
+            if self.proc.poll() is not None:
+                restarts[0] += 1
+                assert restarts[0] <= 20, f"port-forward keeps exiting:\n{processes.log(self.proc)}"
+                self.proc = processes.start(f"port-forward-{self.local}-{restarts[0]}", cmd, env={})
+                return False
             try:
                 return httpx.get(f"{self.url}/health", timeout=3).status_code == 200
             except httpx.HTTPError:
                 return False
-        wait_for(up, f"port-forward to {namespace}/{target}", timeout=90)
+        wait_for(up, f"port-forward to {namespace}/{target}", timeout=180, interval=1)
 
     def close(self) -> None:
         self.processes.stop(self.proc)

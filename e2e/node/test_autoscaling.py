@@ -32,6 +32,7 @@ def burst(chart: Kube, processes: Processes):
                         "scaleUpWindowSeconds": 0, "scaleDownWindowSeconds": SCALE_DOWN_WINDOW_S},
         "gateway": {"routing": {"policy": "least-load"}}}))
     ready_llms(chart, NAME, NS, 1)
+    chart.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
     pf = PortForward(chart, processes, NS, f"svc/{NAME}", 80)
     yield chart, pf
     pf.close()

@@ -33,6 +33,7 @@ def served(chart: Kube, hub: HubServer, processes: Processes):
         "replicas": 1,
         "engine": {"env": [{"name": "HF_ENDPOINT", "value": hub.url}]}}))
     ready_llms(chart, NAME, NS, 1)
+    chart.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
     pf = PortForward(chart, processes, NS, f"svc/{NAME}", 80)
     yield chart, pf
     pf.close()

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from kubeutil import Kube, Processes, wait_for
-from nodeutil import CHART_NS, NODE_NAME, PortForward, engine_pods, example, llmservice, pod_report, ready_llms
+from nodeutil import CHART_NS, NODE_NAME, PortForward, component_logs, engine_pods, example, llmservice, pod_report, ready_llms
 
 NS = "e2e-product"
 NAME = "tiny"
@@ -34,6 +34,7 @@ def llms(chart: Kube) -> Kube:
 @pytest.fixture(scope="module")
 def gateway(llms: Kube, processes: Processes) -> PortForward:
     ready_llms(llms, NAME, NS, 2)
+    llms.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
     pf = PortForward(llms, processes, NS, f"svc/{NAME}", 80)
     yield pf
     pf.close()
@@ -116,30 +117,34 @@ def test_kubectl_scale_to_three_starts_a_pod_that_serves(llms: Kube, gateway: Po
 
 def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: PortForward) -> None:
     pods = engine_pods(llms, NAME, NS)
-    victim = pods[0]["metadata"]["name"]
-    victim_ip = pods[0]["status"]["podIP"]
+    by_ip = {p["status"]["podIP"]: p["metadata"]["name"] for p in pods}
     stop_at = [float("inf")]
+    results: list[tuple[str, str]] = []
 
-    def worker(n: int) -> list[tuple[str, str]]:
-        out = []
+    def worker(n: int) -> int:
         i = 0
         while time.monotonic() < stop_at[0]:
-            out.append(chat(gateway.url, fresh(f"worker {n} request {i}"), max_tokens=4))
+            results.append(chat(gateway.url, fresh(f"worker {n} request {i}"), max_tokens=4))
             i += 1
-        return out
-    with cf.ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(worker, n) for n in range(6)]
-        wait_for(lambda: any(f.done() for f in futures) or served_by(gateway.url, victim_ip, tries=5),
-                 "traffic on the engine about to be deleted", timeout=60)
-        llms.run("delete", "pod", victim, "-n", NS, "--wait=false")
+        return i
+    # 3 clients: on a shared 2-core node more starve the gateway pod's liveness probe (2 s timeout)
+    with cf.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(worker, n) for n in range(3)]
+        # the victim: the engine that served the latest request, so it is under load
+        wait_for(lambda: any(f.done() for f in futures) or len(results) >= 12, "load on the engines", timeout=120)
+        victim_ip = results[-1][1].removeprefix("http://").rsplit(":", 1)[0]
+        llms.run("delete", "pod", by_ip[victim_ip], "-n", NS, "--wait=false")
         wait_for(lambda: victim_ip not in ready_engine_ips(llms), "the deleted pod to leave the ready set")
-        stop_at[0] = time.monotonic() + 10   # keep the load on while the pod drains and goes
-        results = [r for f in futures for r in f.result()]   # raises if any request failed
-    assert results and all(text for text, _ in results)
+        stop_at[0] = time.monotonic() + 15   # keep the load on while the pod drains and goes
+        try:
+            sent = sum(f.result() for f in futures)   # raises if any request failed
+        except openai.APIError as e:
+            raise AssertionError(f"{e}\ngateway:\n{component_logs(llms, NAME, NS, 'gateway')}") from e
+    assert sent == len(results) and all(text for text, _ in results)
     # the Deployment replaces the pod; the gateway routes to the replacement once Ready
     ready_llms(llms, NAME, NS, 3)
-    (replacement,) = wait_for(lambda: (ips := ready_engine_ips(llms) - {p["status"]["podIP"] for p in pods})
-                              and ips, "the replacement engine pod Ready")
+    (replacement,) = wait_for(lambda: (ips := ready_engine_ips(llms) - set(by_ip)) and ips,
+                              "the replacement engine pod Ready")
     wait_for(lambda: served_by(gateway.url, replacement, tries=20),
              f"a request served by the replacement {replacement}", timeout=120, interval=1)
 
