@@ -143,7 +143,7 @@ build_dockerfile() {
     log "building $ref from $dockerfile"
     local t0=$SECONDS
     # docker format keeps the Dockerfiles' HEALTHCHECK (OCI image configs have no field for it)
-    (cd "$root" && bah bud --layers --pull=false --isolation chroot --network host --format docker \
+    (cd "$root" && bah bud --layers --force-rm --pull=false --isolation chroot --network host --format docker \
        --build-arg "PYTHON_IMAGE=$BASE_REF" -f "$dockerfile" -t "$ref" . >&2)
     # A docker archive: uncompressed (gzip of the engine's torch layer would cost minutes
     # of CPU for a local import), and it keeps the docker-format config.
@@ -157,6 +157,9 @@ build_dockerfile() {
 
 build() {
   mkdir -p "$cache/tmp"
+  # A killed build leaves buildah working containers mounted: remove them, now and at exit.
+  bah rm --all >/dev/null 2>&1 || true
+  trap 'bah rm --all >/dev/null 2>&1 || true' EXIT
   local names=("$@")
   [[ ${#names[@]} -gt 0 ]] || names=(pause gateway engine)
   for n in "${names[@]}"; do
