@@ -96,10 +96,12 @@ class SSEUsageScanner:
         if len(self._tail) > 1 << 20:  # no newline for 1 MiB: not SSE we can read
             self._tail = b""
         for line in lines:
-            if line.startswith(b"data: [DONE]"):
-                self.done = True
-            elif line.startswith(b'data: {"error"'):
-                self.error = True
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                elif payload.startswith(b'{"error"'):
+                    self.error = True
             if b"cached_tokens" in line and line.startswith(b"data:"):
                 try:
                     event = json.loads(line[5:].strip())

@@ -215,8 +215,8 @@ class Proxy:
                         first = False
                     scanner.feed(chunk)
                     tail += chunk
-                    end = tail.rfind(b"\n\n") + 2
-                    if end >= 2:
+                    end = _events_end(tail)
+                    if end:
                         out, tail = tail[:end], tail[end:]
                         yield out
             except asyncio.TimeoutError:   # before ClientError: aiohttp's read timeout is both
@@ -254,6 +254,17 @@ class Proxy:
 
         return _CleanupStreamingResponse(body(), cleanup, status_code=upstream.status,
                                          headers=self._response_headers(upstream, url, decision))
+
+
+def _events_end(buf: bytes) -> int:
+    """The index just past the last blank line in `buf` (the end of its last whole SSE
+    event), or 0. A blank line is two line ends in a row: LF, CRLF or CR (the SSE spec)."""
+    end = 0
+    for blank in (b"\n\n", b"\n\r\n", b"\r\r"):
+        at = buf.rfind(blank)
+        if at >= 0:
+            end = max(end, at + len(blank))
+    return end
 
 
 class _CleanupStreamingResponse(StreamingResponse):

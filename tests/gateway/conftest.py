@@ -101,11 +101,12 @@ class Processes:
         return self._spawn("engine", ["serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
                                       *extra], port)
 
-    def gateway(self, endpoints: list[str], *extra: str) -> Proc:
+    def gateway(self, endpoints: list[str], *extra: str, route_headers: bool = True) -> Proc:
+        """A gateway; with `route_headers` (the tests read which engine answered) unless told otherwise."""
         port = free_port()
         return self._spawn("gateway", ["gateway", "--endpoints", ",".join(endpoints), "--host", "127.0.0.1",
                                        "--port", str(port), "--scrape-interval", "0.2", "--feed-interval", "0.1",
-                                       *extra], port)
+                                       *(["--route-headers"] if route_headers else []), *extra], port)
 
     def wait_ready(self, *procs: Proc, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout
