@@ -33,6 +33,7 @@ from pagedkube.gateway.errors import (GatewayError, error_body, internal_error, 
                                       route_error, unauthorized)
 from pagedkube.gateway.fast_path import FastPath
 from pagedkube.gateway.metrics import GatewayMetrics
+from pagedkube.gateway.openapi import install as install_openapi
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.picker import PrefixPicker
@@ -258,6 +259,7 @@ def create_app(config: GatewayConfig) -> CountResponses:
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    install_openapi(app, lambda: gateway.watcher.known_models() if gateway.watcher else None)
     limited = BodyLimits(FastPath(app, gateway.handle), max_bytes=config.max_body_bytes,
                          read_timeout_s=config.body_read_timeout, error=error_body)
     counted = CountResponses(limited, gateway.metrics)
