@@ -51,6 +51,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-request-tokens", type=int, default=None,
                    help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
                         "a request is already capped at --max-num-seqs sequences)")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 << 20,
+                   help="largest request body; 413 above (default 16MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send its whole body; 408 after (default 30)")
     p.add_argument("--heartbeat-timeout", type=float, default=30.0,
                    help="seconds without word from the engine core after which /health fails (default 30)")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
@@ -80,7 +84,8 @@ def build_config(args: argparse.Namespace):
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
-                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout)
+                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
+                        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout)
 
 
 def run_serve(args: argparse.Namespace) -> int:
