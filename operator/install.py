@@ -31,6 +31,8 @@ OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("rbac.authorization.k8s.io", "roles", CHILD_VERBS),
     ("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS),
     ("policy", "poddisruptionbudgets", CHILD_VERBS),
+    ("networking.k8s.io", "networkpolicies", CHILD_VERBS),
+    ("", "secrets", ("get", "create")),        # the generated engine Secret: made once, never listed or changed
     ("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch", "delete")),  # delete: monitoring off
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),  # kopf observer; CRD probe
     ("", "pods", ("list", "watch")),                                    # status from engine pods
