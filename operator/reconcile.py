@@ -81,6 +81,9 @@ class Reconciler:
             return self.status(body, invalid_spec=str(e))
         for child in children:
             self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
+        if not any(c["kind"] == "NetworkPolicy" for c in children):   # switched off: do not leave it behind
+            if self.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.engine_name(name)):
+                self.emit(body, "Normal", "Deleted", f"NetworkPolicy {naming.engine_name(name)}")
         monitored = any(c["kind"] == "ServiceMonitor" for c in children)
         if not monitored and self.kube.crd_exists(SERVICEMONITOR_CRD):  # monitoring switched off
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):

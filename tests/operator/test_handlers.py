@@ -235,6 +235,10 @@ async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulat
     await user.call("PATCH", f"{base}/demo", {"spec": {"monitoring": {"enabled": False}}})
     await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None, "no monitor")
     await until(lambda: ("Deleted", "ServiceMonitor demo") in events(operator), "a Deleted event")
+    # So does the NetworkPolicy when it is switched off.
+    await user.call("PATCH", f"{base}/demo", {"spec": {"networkPolicy": {"enabled": False}}})
+    await until(lambda: obj(operator, "networking.k8s.io/v1/networkpolicies", "demo-engine") is None, "no policy")
+    await until(lambda: ("Deleted", "NetworkPolicy demo-engine") in events(operator), "its Deleted event")
 
     # Someone deletes the gateway Service: it comes back.
     await user.call("DELETE", api_path("v1", "Service", NS, "demo"))
