@@ -33,7 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
     p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
     p.add_argument("--route-headers", action="store_true",
-                   help="add x-pagedkube-endpoint / x-pagedkube-route (engine addresses) to responses")
+                   help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold requests while no engine is ready (default 0; 120 with --autoscale)")
     engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")

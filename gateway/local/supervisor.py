@@ -41,9 +41,9 @@ class UpConfig:
     autoscale: AutoscalerConfig | None = None
     hold_timeout: float = 0.0
     routing: str = "prefix"
+    route_headers: bool = False      # `pagedkube gateway --route-headers`
     drain_timeout: float = 25.0
     scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
-    route_headers: bool = False      # x-pagedkube-endpoint / -route on responses (the gateway's default: off)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -130,9 +130,8 @@ class Supervisor:
             return 1
         api_key = secrets.token_urlsafe(32)   # this run's engine key, 256 random bits; never printed
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
-                                       hold_timeout=c.hold_timeout, autoscale=c.autoscale,
-                                       scrape_interval=c.scrape_interval, engine_api_key=api_key,
-                                       route_headers=c.route_headers))
+                                       hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
+                                       scrape_interval=c.scrape_interval, engine_api_key=api_key))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
                                     on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key)
