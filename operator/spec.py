@@ -8,6 +8,7 @@ the CRD schema (crd.py) reads them from here.
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -273,7 +274,7 @@ def _network_policy(d: Mapping[str, Any]) -> NetworkPolicySpec:
         raise ValueError(f"spec.networkPolicy.metricsFrom must be a list of NetworkPolicy peers "
                          f"(objects with {', '.join(PEER_KEYS)}), got {peers!r}")
     return NetworkPolicySpec(enabled=_bool(d, "enabled", True, "spec.networkPolicy.enabled"),
-                             metrics_from=tuple(dict(p) for p in peers))
+                             metrics_from=tuple(copy.deepcopy(dict(p)) for p in peers))   # never the shared default
 
 
 def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
