@@ -34,6 +34,10 @@ API_MESSAGES = {
     "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
     "engine key without name": "spec.engine.apiKeySecretRef.name: Required value",
+    "no key but a key secret": "spec.engine: Invalid value: engine.requireApiKey false contradicts "
+                               "engine.apiKeySecretRef; drop one",
+    "empty metrics peer": "spec.networkPolicy.metricsFrom[0]: Invalid value: 0: spec.networkPolicy.metricsFrom[0] "
+                          "in body should have at least 1 properties",
 }
 
 

@@ -59,6 +59,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds without word from the engine core after which /health fails (default 30)")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
+    p.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
+                   help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
     p.add_argument("--drain-timeout", type=float, default=25.0,
                    help="seconds in-flight requests may run after SIGTERM (default 25)")
     p.add_argument("--seed", type=int, default=0)
@@ -79,7 +81,7 @@ def build_config(args: argparse.Namespace):
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed)
+        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
