@@ -39,29 +39,19 @@ import httpx
 
 from pagedkube.gateway.endpoints import NOT_READY, READY, TERMINATING, EndpointSet
 from pagedkube.gateway.local.restart import Backoff, RestartPolicy
+from pagedkube.parent_death import die_with_parent
 
 STARTING, LOADING, UNHEALTHY, RESTARTING = "starting", "loading", "unhealthy", "restarting"
 DRAINING, STOPPED = "draining", "stopped"
 LIVE = (STARTING, LOADING, READY, UNHEALTHY, RESTARTING)
 KILL_GRACE_S = 5.0     # after the engine's own drain timeout, before SIGKILL
 READY_POLL_S = 0.25    # GET /ready while loading: the status line turns within a quarter second
-_PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM when the supervisor dies (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass(eq=False)
@@ -162,7 +152,7 @@ class LocalEngines:
                *self.engine_args]
         engine.proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=self.env,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)   # SIGTERM: the engine drains
         engine.tasks.append(asyncio.create_task(self._pump(engine.name, engine.proc), name=f"{engine.name} log"))
         if not engine.stopping:
             self._set_state(engine, LOADING)
