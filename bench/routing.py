@@ -413,9 +413,10 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     for name, routing, c in setups:
         gateways[name] = procs.start(f"gateway-{name.replace(' ', '-')}",
                                      ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
-                                      "--routing", routing, "--load-bound", str(c)])
+                                      "--routing", routing, "--load-bound", str(c), "--route-headers"])
         bounds[name] = c
-    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal])
+    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal,
+                                                      "--route-headers"])
     bounds["ideal"] = args.load_bound[0]
     wait_ready(list(gateways.values()), tokenizer=True)
     runs: dict = {}

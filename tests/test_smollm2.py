@@ -18,6 +18,8 @@ import torch
 
 from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS, resolve_model_source
 
+# ~2 minutes on an idle 2-core CI machine; the limit leaves room for a shared one
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 MAX_TOKENS = 24          # short: 16 x 24 greedy tokens of HF generate take ~40 s on 2 cores
 TOKEN_BUDGET = 48        # max_num_batched_tokens: prompts run 40-200 tokens, so every one is chunked
 if importlib.util.find_spec(NAMED_MODELS[DEFAULT_MODEL].package) is None:

@@ -32,6 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
     p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--route-headers", action="store_true",
+                   help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold requests while no engine is ready (default 0; 120 with --autoscale)")
     engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,
+                          route_headers=args.route_headers,
                           drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0)
     except ValueError as e:
         print(f"pagedkube up: error: {e}", file=sys.stderr)

@@ -34,6 +34,7 @@ class UpConfig:
     autoscale: AutoscalerConfig | None = None
     hold_timeout: float = 0.0
     routing: str = "prefix"
+    route_headers: bool = False      # `pagedkube gateway --route-headers`
     drain_timeout: float = 25.0
     scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
 
@@ -116,7 +117,7 @@ class Supervisor:
             self.console.log("up", f"cannot listen on {c.host}:{c.port}: {e}")
             return 1
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
-                                       hold_timeout=c.hold_timeout, autoscale=c.autoscale,
+                                       hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
                                        scrape_interval=c.scrape_interval))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,

@@ -105,7 +105,7 @@ async def completion(client: httpx.AsyncClient, url: str, i: int, max_tokens: in
 
 
 def test_burst_scales_up_serves_everything_and_returns_to_min(tmp_path):
-    up = Up(tmp_path, "--replicas", "1", "--autoscale", "--min-replicas", "1", "--max-replicas", "2",
+    up = Up(tmp_path, "--route-headers", "--replicas", "1", "--autoscale", "--min-replicas", "1", "--max-replicas", "2",
             "--target-queue-depth", "1", "--scale-up-window", "0", "--scale-down-window", "4",
             "--autoscale-interval", "0.5", "--max-num-seqs", "1", "--num-kv-blocks", "64", "--max-model-len", "256")
     try:
