@@ -20,7 +20,7 @@ API_MESSAGES = {
                           "autoscaling.maxReplicas] when autoscaling",
     "replicas below min": "spec: Invalid value: replicas must lie within [autoscaling.minReplicas, "
                           "autoscaling.maxReplicas] when autoscaling",
-    "vllm builtin": "spec: Invalid value: the vllm runtime cannot serve builtin://tiny; use hf:// or pvc://",
+    "vllm builtin": "spec: Invalid value: the vllm runtime cannot serve builtin:// models; use hf:// or pvc://",
     "bad runtime": 'spec.engine.runtime: Unsupported value: "tgi": supported values: "pagedkube", "vllm"',
     "bad block size": 'spec.engine.blockSize: Unsupported value: 24: supported values: "8", "16", "32", "64", "128"',
     "negative replicas": "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",

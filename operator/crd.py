@@ -52,11 +52,11 @@ PULL_POLICY = _str("Image pull policy.", enum=["Always", "IfNotPresent", "Never"
 MODEL = _obj({
     "name": _str("Served model name (the `model` field of requests). Default: the source's last path part.",
                  maxLength=253),
-    "source": _str("hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH or builtin://tiny.",
+    "source": _str("hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, builtin://tiny or builtin://smollm2-135m-instruct.",
                    pattern=d.SOURCE_PATTERN, maxLength=512),
     "hfTokenSecretRef": _secret_ref("Secret with key HF_TOKEN, for gated or private Hugging Face models."),
 }, "Which model to serve.", required=["source"], **{"x-kubernetes-validations": [{
-    "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source == 'builtin://tiny'",
+    "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source.startsWith('builtin://')",
     "message": "model.source must use the hf://, pvc:// or builtin:// scheme",
 }]})
 
@@ -156,8 +156,8 @@ SPEC = _obj({
     {"rule": "!has(self.autoscaling) || !self.autoscaling.enabled || "
              "(self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)",
      "message": "replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas] when autoscaling"},
-    {"rule": "self.engine.runtime != 'vllm' || self.model.source != 'builtin://tiny'",
-     "message": "the vllm runtime cannot serve builtin://tiny; use hf:// or pvc://"},
+    {"rule": "self.engine.runtime != 'vllm' || !self.model.source.startsWith('builtin://')",
+     "message": "the vllm runtime cannot serve builtin:// models; use hf:// or pvc://"},
 ]})
 
 CONDITION = _obj({

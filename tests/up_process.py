@@ -23,12 +23,15 @@ def free_port() -> int:
 
 
 class Up:
-    def __init__(self, tmp_path: Path, *flags: str):
+    def __init__(self, tmp_path: Path, *flags: str, model: str | None = "builtin://tiny"):
+        """`model`: the fast toy unless a test names another; None runs `up`'s default model."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "up.log"
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", "--port", str(self.port), *flags],
+        model_flags = ("--model", model) if model else ()
+        self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", "--port", str(self.port),
+                                      *model_flags, *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def text(self) -> str:

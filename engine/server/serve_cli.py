@@ -32,7 +32,7 @@ def parse_bytes(text: str) -> int:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the built-in tiny model)")
+    p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

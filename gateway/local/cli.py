@@ -8,7 +8,7 @@ from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_co
 
 # `pagedkube serve` options passed through to every engine, as given.
 ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--model", dict(help="Hugging Face model directory (default: the built-in tiny model)")),
+    ("--model", dict(help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")),
     ("--served-model-name", dict(help="model name in the API (default: directory name)")),
     ("--device", dict(choices=("auto", "cpu", "cuda"))),
     ("--dtype", dict(choices=("auto", "float32", "float16", "bfloat16"))),
@@ -53,13 +53,11 @@ def engine_args(args: argparse.Namespace) -> list[str]:
 
 
 def model_name(args: argparse.Namespace) -> str:
-    from pathlib import Path
-
-    from pagedkube.builtin import resolve_model
+    from pagedkube.model_source import resolve_model_source
 
     if args.served_model_name:
         return args.served_model_name
-    return Path(resolve_model(args.model)).name
+    return resolve_model_source(args.model).name
 
 
 def check_engine_args(argv: list[str]) -> None:

@@ -98,8 +98,9 @@ class Processes:
 
     def engine(self, *extra: str, port: int | None = None) -> Proc:
         port = port or free_port()
+        model = [] if "--model" in extra else ["--model", "builtin://tiny"]   # the fast toy, not the default
         return self._spawn("engine", ["serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                                      *extra], port)
+                                      *model, *extra], port)
 
     def gateway(self, endpoints: list[str], *extra: str, route_headers: bool = True) -> Proc:
         """A gateway; with `route_headers` (the tests read which engine answered) unless told otherwise."""

@@ -92,7 +92,7 @@ def test_builtin_engine_on_cpu() -> None:
     assert d["spec"]["replicas"] == 1
     assert c["image"] == f"ghcr.io/pagedkube/engine:{__version__}"
     assert c["command"] == ["pagedkube"]
-    assert c["args"] == ["serve", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8000",
+    assert c["args"] == ["serve", "--model", "builtin://tiny", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8000",
                          "--block-size", "16", "--max-num-seqs", "256", "--drain-timeout", "30"]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}

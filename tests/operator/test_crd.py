@@ -92,7 +92,7 @@ INVALID = [
      ".spec: replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas] when autoscaling"),
     ("replicas below min", variant(autoscaling={"enabled": True, "minReplicas": 2}, replicas=1),
      ".spec: replicas must lie within"),
-    ("vllm builtin", variant(engine={"runtime": "vllm"}), ".spec: the vllm runtime cannot serve builtin://tiny"),
+    ("vllm builtin", variant(engine={"runtime": "vllm"}), ".spec: the vllm runtime cannot serve builtin:// models"),
     ("bad runtime", variant(engine={"runtime": "tgi"}), "spec.engine.runtime: 'tgi' is not one of"),
     ("bad block size", variant(engine={"blockSize": 24}), "spec.engine.blockSize: 24 is not one of"),
     ("negative replicas", variant(replicas=-1), "spec.replicas: -1 is less than the minimum of 0"),
