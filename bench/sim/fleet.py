@@ -57,6 +57,7 @@ class RunResult:
     profile: str
     seed: int
     hit_rate: float              # prefix-cache hit tokens / queried tokens, summed over engines
+    session_hit_rate: float      # the same beyond each prompt's shared product prompt (common_len)
     ttft_p50_s: float
     ttft_p99_s: float
     queue_p50_s: float           # arrival at the engine to first scheduled
@@ -113,6 +114,7 @@ class _Run:
         self.reasons: dict[str, int] = {}
         self.samples: list[list[int]] = []
         self.requests = 0
+        self.session_tokens = self.session_hits = 0
         self.first_arrival = math.inf
         self.last_done = 0.0
         self.open_sessions = 0
@@ -189,6 +191,8 @@ class _Run:
 
         def done(t: float, cached: int) -> None:
             gw.release(url)
+            self.session_tokens += len(prompt) - session.common_len
+            self.session_hits += max(0, cached - session.common_len)
             self.last_done = t
             if turn + 1 < session.num_turns:
                 self.loop.after(session.think_s[turn + 1], self._send, session, turn + 1)
@@ -225,6 +229,7 @@ class _Run:
             replicas=self.fleet.replicas, sessions=self.spec.sessions, requests=self.requests, rate=self.spec.rate,
             profile=self.fleet.time_model.name, seed=self.fleet.seed,
             hit_rate=hits / queries if queries else 0.0,
+            session_hit_rate=self.session_hits / self.session_tokens if self.session_tokens else 0.0,
             ttft_p50_s=percentile(self.ttft, 50), ttft_p99_s=percentile(self.ttft, 99),
             queue_p50_s=percentile(self.queue, 50), queue_p99_s=percentile(self.queue, 99),
             throughput_rps=self.requests / span,

@@ -41,6 +41,7 @@ class SimSession:
     think_s: list[float]               # pause before turn k (k >= 1; [0] unused)
     cache_salt: str | None = None
     head_len: int | None = None        # tokens of the head; None: shared + users[0]
+    common_len: int = 0                # leading tokens other sessions share (a product prompt)
 
     @property
     def num_turns(self) -> int:
@@ -119,4 +120,5 @@ def sessions(spec: WorkloadSpec) -> Iterator[SimSession]:
             answers = [_tokens(rng, _between(rng, spec.answer_tokens)) for _ in range(n)]
             if spec.kind == "tenants":
                 salt = f"tenant-{int(rng.integers(0, spec.tenants))}"
-        yield SimSession(f"{spec.kind}-{i}", t, shared, users, answers, think, salt)
+        common = 0 if spec.kind == "sharegpt" else len(product)
+        yield SimSession(f"{spec.kind}-{i}", t, shared, users, answers, think, salt, common_len=common)
