@@ -77,7 +77,7 @@ def test_fixed_spec_is_accepted_with_defaults(installed: Kube) -> None:
     try:
         got = installed.json("get", "llms", "e2e-fixed", "-n", "e2e-valid")
         assert got["spec"]["engine"]["blockSize"] == 16  # structural defaulting by the API server
-        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.25}
+        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
         assert got["spec"]["autoscaling"]["targetQueueDepth"] == 4
     finally:
         installed.run("delete", "namespace", "e2e-valid", "--wait=false")

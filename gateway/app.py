@@ -54,7 +54,7 @@ def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
         return RoundRobinPicker()
     if config.routing == "least-load":
         return LeastLoadPicker(rings)
-    return PrefixPicker(index, BoundedLoad(config.load_bound), rings)
+    return PrefixPicker(index, BoundedLoad(config.load_bound, config.load_floor), rings, config.affinity_depth)
 
 
 class Gateway:
