@@ -18,6 +18,8 @@ import httpx
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from pagedkube.access_log import AccessLog
+from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
 from pagedkube.gateway.autoscaler.hold import HoldQueue
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
@@ -26,7 +28,7 @@ from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
 from pagedkube.gateway.errors import GatewayError, internal_error, no_endpoint, rate_limited, unauthorized
-from pagedkube.gateway.fast_path import FastPath
+from pagedkube.gateway.fast_path import PROXIED, FastPath
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
@@ -36,6 +38,7 @@ from pagedkube.gateway.routing.prefix_index import PrefixIndex
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import Picker
 from pagedkube.gateway.validation import parse_request, read_body
+from pagedkube.tracing import build_tracing
 
 log = logging.getLogger("pagedkube.gateway")
 
@@ -152,6 +155,7 @@ class Gateway:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
         self.metrics.routing_decisions.labels(decision.reason).inc()
+        note_route(request.scope, decision, model_label)
         if decision.predicted_cached_tokens:
             self.metrics.predicted_cached_tokens.inc(decision.predicted_cached_tokens)
         body = parsed.forward_body(tenant_salt)
@@ -175,8 +179,9 @@ class Gateway:
         return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
 
 
-def create_app(config: GatewayConfig) -> FastPath:
+def create_app(config: GatewayConfig) -> AccessLogMiddleware:
     gateway = Gateway(config)
+    tracing = build_tracing("pagedkube-gateway", config.observability.otlp_traces_endpoint)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -185,6 +190,8 @@ def create_app(config: GatewayConfig) -> FastPath:
             yield
         finally:
             await gateway.stop()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
@@ -218,4 +225,5 @@ def create_app(config: GatewayConfig) -> FastPath:
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return FastPath(app, gateway.handle)
+    return AccessLogMiddleware(FastPath(app, gateway.handle), AccessLog(ACCESS_LOGGER, config.observability.access_log),
+                               tracing, PROXIED)

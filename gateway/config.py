@@ -10,6 +10,7 @@ from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
 from pagedkube.gateway.validation import DEFAULT_MAX_BODY_BYTES
+from pagedkube.observability import ObservabilityConfig
 
 ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
 MAX_FEED_WAIT_S = 30.0   # the longest cache-feed long-poll an engine holds (docs/interfaces.md)
@@ -42,6 +43,7 @@ class GatewayConfig:
     route_headers: bool = True            # x-pagedkube-endpoint / x-pagedkube-route on responses
     autoscale: AutoscalerConfig | None = None   # --autoscale (docs/autoscaling.md)
     supervised: bool = False              # pagedkube up: its supervisor fills the EndpointSet
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
         if bool(self.endpoints) + bool(self.kube_service) + self.supervised != 1:

@@ -19,6 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedkube.access_log import AccessLog
+from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
 from pagedkube.engine.server.async_engine import AsyncEngine
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
@@ -27,6 +29,7 @@ from pagedkube.engine.server.errors import APIError, error_body, install_error_h
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.tracing import build_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     # loop); --engine-in-process keeps it in a thread of this one, for debugging.
     engine = AsyncEngine(factory) if config.engine_in_process else EngineCoreClient(factory)
     state = ServerState(config=config, engine=engine)
+    tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -87,12 +91,16 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
             yield
         finally:
             await asyncio.to_thread(state.engine.shutdown)
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(EngineAccessMiddleware, access_log=AccessLog(ACCESS_LOGGER, config.observability.access_log),
+                       tracing=tracing)
     app.include_router(openai_router)
     app.include_router(cache_router)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkube.engine.config import EngineConfig
+from pagedkube.observability import ObservabilityConfig
 
 
 @dataclass(slots=True)
@@ -16,6 +17,7 @@ class ServerConfig:
     max_waiting: int | None = 1024        # 4 x vLLM's default max_num_seqs (256); None = unbounded
     drain_timeout: float = 25.0           # seconds; under Kubernetes' default 30 s grace period
     engine_in_process: bool = False       # step the engine in a thread of the HTTP process (debugging)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():

@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any
 
+from pagedkube.observability import add_observability_args, observability_from_args
+
 logger = logging.getLogger("pagedkube.serve")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -55,6 +57,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
 
@@ -71,7 +74,8 @@ def build_config(args: argparse.Namespace):
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
-                        drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process)
+                        drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
+                        observability=observability_from_args(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:

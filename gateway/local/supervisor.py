@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
 from pagedkube.gateway.local.engines import READY, LocalEngine, LocalEngines
+from pagedkube.observability import ObservabilityConfig
 
 
 @dataclass(slots=True)
@@ -36,6 +37,7 @@ class UpConfig:
     routing: str = "prefix"
     drain_timeout: float = 25.0
     scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -117,7 +119,7 @@ class Supervisor:
             return 1
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale,
-                                       scrape_interval=c.scrape_interval))
+                                       scrape_interval=c.scrape_interval, observability=c.observability))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
                                     on_log=self.console.log, drain_timeout=c.drain_timeout)
