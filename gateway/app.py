@@ -29,6 +29,7 @@ from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
 from pagedkube.gateway.errors import GatewayError, internal_error, no_endpoint, rate_limited, unauthorized
 from pagedkube.gateway.fast_path import PROXIED, FastPath
+from pagedkube.gateway.feed_metrics import CacheFeedAge
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
@@ -100,6 +101,7 @@ class Gateway:
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
+        self.metrics.registry.register(CacheFeedAge(self.watcher))
         if self.static_urls:
             self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
         elif self.config.kube_service:
