@@ -35,9 +35,8 @@ EXPECTED_OPTIONS = {
 
 
 def _grafana():
-    spec = importlib.util.spec_from_file_location("grafana", DASHBOARDS / "grafana.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("grafana", module)
+    spec = importlib.util.spec_from_file_location("dashboards_grafana", DASHBOARDS / "grafana.py")
+    module = sys.modules.setdefault("dashboards_grafana", importlib.util.module_from_spec(spec))
     spec.loader.exec_module(module)
     return module
 
