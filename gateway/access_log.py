@@ -66,15 +66,16 @@ def note_route(scope: Scope, decision: Decision, model: str | None) -> None:
 class _ResponseWatch:
     """Reads status, first-byte time and cached tokens off the ASGI send stream."""
 
-    def __init__(self, record: GatewayAccess):
+    def __init__(self, record: GatewayAccess, read_usage: bool):
         self.record = record
+        self.read_usage = read_usage       # off with --access-log off and no tracing: nothing reads it
         self.scanner: SSEUsageScanner | None = None
         self.body = b""
 
     def start(self, message: Message) -> None:
         self.record.status = message["status"]
         self.record.engine = header_of(message, _ENDPOINT_HEADER) or self.record.engine
-        if (header_of(message, b"content-type") or "").startswith("text/event-stream"):
+        if self.read_usage and (header_of(message, b"content-type") or "").startswith("text/event-stream"):
             self.scanner = SSEUsageScanner()
         set_response_header(message, REQUEST_ID_HEADER.encode(), self.record.request_id)
 
@@ -85,7 +86,7 @@ class _ResponseWatch:
         if self.scanner is not None:
             self.scanner.feed(chunk)
             self.record.cached_tokens = self.scanner.cached_tokens
-        elif b"cached_tokens" in chunk or self.body:
+        elif self.read_usage and (b"cached_tokens" in chunk or self.body):
             self.body += chunk   # a whole JSON answer comes as one message from the proxy
 
     def finish(self) -> None:
@@ -113,7 +114,7 @@ class AccessLogMiddleware:
         scope[SCOPE_KEY] = record
         if self.tracing is not None:
             self._start_span(scope, record)
-        watch = _ResponseWatch(record)
+        watch = _ResponseWatch(record, self.access_log.enabled or self.tracing is not None)
 
         async def watched_send(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from dataclasses import dataclass
 
 from pagedkube.access_log import ACCESS_LOG_FORMATS, DEFAULT_ACCESS_LOG
@@ -21,6 +22,18 @@ class ObservabilityConfig:
         if self.otlp_traces_endpoint is not None and not self.otlp_traces_endpoint.startswith(("http://", "https://")):
             raise ValueError("--otlp-traces-endpoint must be an http(s):// URL of an OTLP/HTTP collector, "
                              f"e.g. http://localhost:4318/v1/traces; got {self.otlp_traces_endpoint!r}")
+        if self.otlp_traces_endpoint is not None and not otel_installed():
+            raise ValueError("--otlp-traces-endpoint needs the OpenTelemetry SDK and OTLP exporter: "
+                             "pip install 'pagedkube[otel]'")
+
+
+def otel_installed() -> bool:
+    """The `otel` extra is importable (checked at start-up, so a missing SDK is a clear error)."""
+    try:
+        return all(importlib.util.find_spec(m) is not None
+                   for m in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"))
+    except ModuleNotFoundError:   # a parent package is missing
+        return False
 
 
 def add_observability_args(p: argparse.ArgumentParser) -> None:
