@@ -24,6 +24,7 @@ import grafana  # noqa: E402
 
 ROW_UNIT_IN = 0.32          # inches per gridPos height unit
 WIDTH_IN = 18.0             # 24 gridPos width units
+TITLE_IN, BOTTOM_IN = 0.6, 0.3   # room for the dashboard title and the last row's axis label
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -44,10 +45,11 @@ def draw_dashboard(dashboard: dict, prom: grafana.Prometheus, window: grafana.Ti
 
     panels = dashboard["panels"]
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
-    fig = plt.figure(figsize=(WIDTH_IN, rows * ROW_UNIT_IN + 0.6))
+    height = rows * ROW_UNIT_IN + TITLE_IN + BOTTOM_IN
+    fig = plt.figure(figsize=(WIDTH_IN, height))
     fig.suptitle(dashboard["title"], x=0.01, ha="left", fontsize=14, fontweight="bold")
-    top = 1 - 0.6 / (rows * ROW_UNIT_IN + 0.6)
-    unit_h = top / rows
+    top = 1 - TITLE_IN / height
+    unit_h = (top - BOTTOM_IN / height) / rows
     variables = dashboard["templating"]["list"]
     for panel in panels:
         g = panel["gridPos"]
@@ -68,7 +70,7 @@ def draw_dashboard(dashboard: dict, prom: grafana.Prometheus, window: grafana.Ti
         if panel["type"] == "stat":
             ax.axis("off")
             last = [p[-1][1] for _, p in series if p]
-            ax.text(0.5, 0.45, f"{last[-1]:g}" if last else "No data", ha="center", va="center", fontsize=22,
+            ax.text(0.5, 0.45, f"{last[-1]:.3g}" if last else "No data", ha="center", va="center", fontsize=22,
                     transform=ax.transAxes, color="tab:green" if last else "gray")
             continue
         for name, points in series:

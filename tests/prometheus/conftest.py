@@ -78,7 +78,16 @@ def prometheus_or_none(stack):
 
 @pytest.fixture(scope="session")
 def loaded(stack, prometheus_or_none) -> LoadResult:
-    """The scripted load, once, with Prometheus (when installed) scraping throughout."""
+    """The scripted load, once, with Prometheus (when installed) scraping throughout:
+    it starts once Prometheus has scraped the gateway and the first engine twice, so
+    the first scale-up is seen as a counter increase."""
+    if prometheus_or_none is not None:
+        def scraped_twice() -> bool:
+            r = httpx.get(f"{prometheus_or_none.url}/api/v1/query", timeout=5,
+                          params={"query": "count_over_time(up[1m]) >= 2 and up == 1"})
+            return {s["metric"].get("pod") for s in r.json()["data"]["result"]} >= {"gateway-0", "engine-0"}
+
+        stack.up.wait_for(scraped_twice, 60, "two scrapes of the gateway and the first engine")
     return run_load(stack.up)
 
 
