@@ -32,6 +32,7 @@ class Sequence:
     params: SamplingParams
     sample_index: int = 0                 # which of the request's n samples this is
     cache_salt: str | None = None
+    group: str | None = None              # fairness group (one HTTP request); None = the request itself
     arrival_time: float = field(default_factory=time.monotonic)
     status: SequenceStatus = SequenceStatus.WAITING
     token_ids: list[int] = field(default_factory=list)      # prompt + output so far
@@ -43,6 +44,10 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def group_key(self) -> str:
+        return self.request_id if self.group is None else self.group
 
     @property
     def num_prompt_tokens(self) -> int:

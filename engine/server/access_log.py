@@ -3,12 +3,12 @@
     EngineAccessMiddleware               around the app (engine/server/app.py)
       sets/keeps x-request-id            returns it as X-Request-Id
       _respond -> observe_generation(request, gen)   (openai_routes.py)
-         watches the RequestOutputs      first scheduled, first token, cached / prompt / completion tokens
+         watches the RequestDeltas       first scheduled, first token, cached / prompt / completion tokens
       one EngineAccess line              when the last byte is sent; spans queue, prefill, decode
 
-The engine's timings are read from the outputs the HTTP side already receives
-(`metrics["first_scheduled_time"]` is the core's time.monotonic(), one clock
-per machine), so the engine loop and core process need no hook.
+The engine's timings are read from the deltas the HTTP side already receives
+(`first_scheduled_time` is the core's time.monotonic(), one clock per machine),
+so the engine loop and core process need no hook.
 """
 from __future__ import annotations
 
@@ -49,44 +49,42 @@ class EngineAccess:
 
 
 def observe_generation(request: Any, gen: Any) -> None:
-    """_respond's hook, before gen.start(): follow the outputs of this generation.
+    """_respond's hook, before gen.start(): follow the deltas of this generation.
 
-    The outputs go to the streaming and the collecting paths through gen.updates();
+    The deltas go to the streaming and the collecting paths through gen.updates();
     this replaces it, on this one instance, with a generator that passes every
-    update through unchanged and notes what the access line needs."""
+    delta through unchanged and notes what the access line needs."""
     record: EngineAccess | None = request.scope.get(SCOPE_KEY)
     if record is None:
         return
     record._submitted = time.monotonic()
     record.completion_id = gen.request_id
+    record.prompt_tokens = sum(len(ids) for ids in gen.prepared.prompt_ids)
+    record.completion_tokens = 0
     inner = gen.updates
-    latest: dict[int, Any] = {}
+    cached: dict[int, int] = {}
+    reasons: set[str] = set()
 
     async def updates() -> AsyncIterator[tuple[int, Any]]:
         async with contextlib.aclosing(inner()) as source:
-            async for prompt_idx, out in source:
+            async for prompt_idx, delta in source:
                 now = time.monotonic()
-                latest[prompt_idx] = out
-                scheduled = (out.metrics or {}).get("first_scheduled_time")
+                scheduled = delta.first_scheduled_time
                 if scheduled is not None and (record._scheduled is None or scheduled < record._scheduled):
                     record._scheduled = scheduled
-                if record._first_token is None and any(c.token_ids for c in out.outputs):
+                new_tokens = sum(len(s.token_ids) for s in delta.samples)
+                if new_tokens and record._first_token is None:
                     record._first_token = now
-                if out.finished:
+                record.completion_tokens += new_tokens
+                reasons.update(s.finish_reason for s in delta.samples if s.finish_reason)
+                record.finish_reason = ",".join(sorted(reasons)) or None
+                cached[prompt_idx] = delta.num_cached_tokens or 0
+                record.cached_tokens = sum(cached.values())
+                if delta.finished:
                     record._finished = now
-                _summarize(record, latest.values())
-                yield prompt_idx, out
+                yield prompt_idx, delta
 
     gen.updates = updates
-
-
-def _summarize(record: EngineAccess, outs: Any) -> None:
-    outs = list(outs)
-    record.prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
-    record.cached_tokens = sum(o.num_cached_tokens or 0 for o in outs)
-    record.completion_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    reasons = sorted({c.finish_reason for o in outs for c in o.outputs if c.finish_reason})
-    record.finish_reason = ",".join(reasons) or None
 
 
 class EngineAccessMiddleware:

@@ -2,13 +2,15 @@
 
 Everything an app needs lives on `app.state.server` (a ServerState), built here
 and filled in by the lifespan once the engine is up; two apps in one process
-share nothing. The engine is built and stepped in its own process
-(core_client.py + engine_core.py; or in a thread with --engine-in-process,
-async_engine.py) during start-up, so the server answers only once the model is loaded.
+share nothing. The engine is built and stepped by the engine core in its own
+process (engine_core.py, driven through core_client.py; in a thread with
+--engine-in-process) during start-up, so the server answers only once the model
+is loaded.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hmac
 import logging
@@ -21,7 +23,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedkube.access_log import AccessLog
 from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
-from pagedkube.engine.server.async_engine import AsyncEngine
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.core_client import EngineCoreClient
@@ -35,11 +36,14 @@ logger = logging.getLogger(__name__)
 
 # Reachable without the API key: probes and scrapes (as vLLM leaves them open).
 OPEN_PATHS = ("/health", "/ready", "/metrics")
+# Threads that tokenize huge prompts (serving.prepare). Two: on a 2-core node one can
+# tokenize while the engine core steps; more would only queue on the same cores.
+PREPARE_WORKERS = 2
 
 
-def build_engine(engine_config: Any) -> Any:
+def build_engine(engine_config: Any, kv_event_sink: Any = None) -> Any:
     from pagedkube.engine.llm_engine import LLMEngine
-    return LLMEngine(engine_config)
+    return LLMEngine(engine_config, kv_event_sink=kv_event_sink)
 
 
 def default_engine_factory(config: ServerConfig) -> Callable[[], Any]:
@@ -69,10 +73,12 @@ class APIKeyMiddleware:
 
 def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> FastAPI:
     factory = engine_factory or default_engine_factory(config)
+    state = ServerState(config=config, engine=None)
+    state.workers = concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare")
     # The engine steps in its own process by default (no GIL shared with the HTTP event
-    # loop); --engine-in-process keeps it in a thread of this one, for debugging.
-    engine = AsyncEngine(factory) if config.engine_in_process else EngineCoreClient(factory)
-    state = ServerState(config=config, engine=engine)
+    # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
+    state.engine = EngineCoreClient(factory, in_process=config.engine_in_process,
+                                    heartbeat_timeout=config.heartbeat_timeout, on_fatal=state.fatal)
     tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)
 
     @asynccontextmanager
@@ -91,6 +97,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
             yield
         finally:
             await asyncio.to_thread(state.engine.shutdown)
+            state.workers.shutdown(wait=False, cancel_futures=True)
             if tracing is not None:
                 tracing.shutdown()
 
@@ -106,9 +113,11 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
 
     @app.get("/health")
     async def health() -> Response:
-        """Liveness: the engine thread runs and its steps succeed."""
+        """Liveness: the engine core runs, answers within its heartbeat timeout, and its steps succeed."""
         if state.info is not None and not (state.engine.running and state.engine.healthy):
-            return JSONResponse(error_body(500, "the engine loop is not running"), status_code=500)
+            reason = "is not running" if not state.engine.running else "is not responding or its steps fail"
+            return JSONResponse(error_body(500, f"the engine core {reason}", code="engine_unhealthy"),
+                                status_code=500)
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")

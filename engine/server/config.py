@@ -14,9 +14,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000                      # vLLM's default port (docs/interfaces.md)
     api_key: str | None = None            # bearer token required on /v1/*, /tokenize, /detokenize
-    max_waiting: int | None = 1024        # 4 x vLLM's default max_num_seqs (256); None = unbounded
+    max_waiting: int | None = 4096        # sequences (n x prompts): 16 x max_num_seqs' default (256); None = unbounded
     drain_timeout: float = 25.0           # seconds; under Kubernetes' default 30 s grace period
     engine_in_process: bool = False       # step the engine in a thread of the HTTP process (debugging)
+    max_request_tokens: int | None = None  # prompt + n x max_tokens over a request's prompts; None = no cap
+    heartbeat_timeout: float = 30.0       # s without word from the engine core before /health fails (core_client.py)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
@@ -28,5 +30,9 @@ class ServerConfig:
             raise ValueError("api_key must not be empty")
         if self.max_waiting is not None and self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise ValueError(f"max_request_tokens must be >= 1, got {self.max_request_tokens}")
+        if not self.heartbeat_timeout > 0:
+            raise ValueError(f"heartbeat_timeout must be > 0, got {self.heartbeat_timeout}")
         if self.drain_timeout < 0:
             raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")

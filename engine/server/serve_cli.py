@@ -47,8 +47,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-waiting", type=int, default=1024,
-                   help="waiting requests beyond which new ones get 503 (default 1024; -1 = unbounded)")
+    p.add_argument("--max-waiting", type=int, default=4096,
+                   help="waiting sequences (n x prompts) beyond which new requests get 503 "
+                        "(default 4096: 16 x the default max-num-seqs; -1 = unbounded)")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
+                        "a request is already capped at --max-num-seqs sequences)")
+    p.add_argument("--heartbeat-timeout", type=float, default=30.0,
+                   help="seconds without word from the engine core after which /health fails (default 30)")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
     p.add_argument("--drain-timeout", type=float, default=25.0,
@@ -56,6 +62,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
+    p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+                   help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_observability_args(p)
     p.set_defaults(func=run_serve)
@@ -75,6 +83,7 @@ def build_config(args: argparse.Namespace):
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
+                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         observability=observability_from_args(args))
 
 
@@ -92,7 +101,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(config)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5, access_log=False),
+                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop),
                             app.state.server)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    return app.state.server.exit_code
