@@ -20,11 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))   # stack.py, load.py, otlp_collector.py
+sys.path.insert(0, str(Path(__file__).parent))   # tier_stack.py, tier_load.py, otlp_collector.py
 
-from load import LoadResult, run_load  # noqa: E402
+from tier_load import LoadResult, run_load  # noqa: E402
 from otlp_collector import Collector  # noqa: E402
-from stack import REPORT_KEY, START_TIMEOUT_S, FileDiscovery, PrometheusServer, Up  # noqa: E402
+from tier_stack import REPORT_KEY, START_TIMEOUT_S, FileDiscovery, PrometheusServer, Up  # noqa: E402
 
 NO_PROMETHEUS = ("needs prometheus and promtool on PATH: `make test-prometheus` installs them "
                  "(apt-get install prometheus)")

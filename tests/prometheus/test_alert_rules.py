@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stack import ROOT
+from tier_stack import ROOT
 
 CHART = ROOT / "charts" / "pagedkube"
 API = "monitoring.coreos.com/v1/PrometheusRule"

@@ -1,5 +1,5 @@
 """Every query of every dashboard, evaluated by a real Prometheus that scraped the
-`pagedkube up --autoscale` stack under the scripted load (conftest.py, load.py).
+`pagedkube up --autoscale` stack under the scripted load (conftest.py, tier_load.py).
 
 For each dashboard and for two variable selections (Grafana's "All", and the one
 value each variable query finds), every panel target and annotation is
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stack import NAMESPACE, REPORT_KEY, ROOT, SCRAPE_INTERVAL_S, SERVICE
+from tier_stack import NAMESPACE, REPORT_KEY, ROOT, SCRAPE_INTERVAL_S, SERVICE
 
 DASHBOARDS = ROOT / "dashboards"
 # (dashboard, panel title, refId) -> why the load leaves it empty.
@@ -26,7 +26,7 @@ ALLOWED_EMPTY = {
     ("routing.json", "Upstream retries / s", "A"):
         "no retry: no engine refused a connection or answered 5xx during the run",
 }
-# What each dashboard's variables must offer: the labels the scrape attached (stack.py).
+# What each dashboard's variables must offer: the labels the scrape attached (tier_stack.py).
 EXPECTED_OPTIONS = {
     "engine.json": {"namespace": NAMESPACE, "service": f"{SERVICE}-engine"},
     "routing.json": {"namespace": NAMESPACE, "service": SERVICE},

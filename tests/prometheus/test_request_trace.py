@@ -15,7 +15,7 @@ import uuid
 
 import openai
 
-from load import SYSTEM
+from tier_load import SYSTEM
 
 _ACCESS = re.compile(r"^(gateway|engine-\d+) +\| .*pagedkube\.(?:gateway|engine)\.access: (\{.*\})$", re.M)
 

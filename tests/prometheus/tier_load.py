@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 import openai
 
-from stack import SCRAPE_INTERVAL_S, START_TIMEOUT_S, Up
+from tier_stack import SCRAPE_INTERVAL_S, START_TIMEOUT_S, Up
 
 # ~500 tokens of the built-in tokenizer: deeper than the ring key's 16 blocks of 16
 # tokens, so a repeat lands on the engine that cached it (routing rule 1, affinity).
