@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
@@ -22,6 +23,7 @@ def _affinity_depth(value: str) -> int | None:
     if depth < 0:
         raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
     return depth
+from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def register(subparsers) -> None:
@@ -77,6 +79,7 @@ def register(subparsers) -> None:
                         "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
     p.add_argument("--log-level", default="info")
     add_autoscale_args(p)
+    add_observability_args(p)
     p.set_defaults(func=run)
 
 
@@ -95,7 +98,7 @@ def config_from_args(args: argparse.Namespace):
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
         ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
-        autoscale=autoscaler_config_from_args(args),
+        autoscale=autoscaler_config_from_args(args), observability=observability_from_args(args),
         **({"tokenize_workers": args.tokenize_workers} if args.tokenize_workers is not None else {}))
 
 
@@ -115,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"pagedkube gateway: {e}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
     return 0

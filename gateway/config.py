@@ -11,6 +11,7 @@ from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from pagedkube.observability import ObservabilityConfig
 
 ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
 # Prompts in bodies above this many bytes are tokenized in the pool, off the event loop.
@@ -57,6 +58,7 @@ class GatewayConfig:
     route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
     autoscale: AutoscalerConfig | None = None   # --autoscale (docs/autoscaling.md)
     supervised: bool = False              # pagedkube up: its supervisor fills the EndpointSet
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
         if bool(self.endpoints) + bool(self.kube_service) + self.supervised != 1:

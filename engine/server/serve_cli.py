@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any
 
+from pagedkube.observability import add_observability_args, observability_from_args
+
 logger = logging.getLogger("pagedkube.serve")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -69,6 +71,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
                    help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
 
@@ -87,7 +90,8 @@ def build_config(args: argparse.Namespace):
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
-                        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout)
+                        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
+                        observability=observability_from_args(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:

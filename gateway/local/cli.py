@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 
 # `pagedkube serve` options passed through to every engine, as given.
@@ -21,6 +22,9 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--max-waiting", dict(type=int)),
     ("--drain-timeout", dict(type=float)),
     ("--seed", dict(type=int)),
+    # The gateway in this process takes these two as well (docs/observability.md).
+    ("--access-log", dict(choices=ACCESS_LOG_FORMATS, help="text (default), json or off, for every process")),
+    ("--otlp-traces-endpoint", dict(metavar="URL", help="OTLP/HTTP collector for every process's spans")),
 )
 
 
@@ -72,7 +76,9 @@ def check_engine_args(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from pagedkube.access_log import DEFAULT_ACCESS_LOG
     from pagedkube.gateway.local.supervisor import Supervisor, UpConfig
+    from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
     check_engine_args(argv)
@@ -81,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,
                           route_headers=args.route_headers,
-                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0)
+                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0,
+                          observability=ObservabilityConfig(args.access_log or DEFAULT_ACCESS_LOG,
+                                                            args.otlp_traces_endpoint))
     except ValueError as e:
         print(f"pagedkube up: error: {e}", file=sys.stderr)
         return 2

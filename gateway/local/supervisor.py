@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
 from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
+from pagedkube.observability import ObservabilityConfig
 
 
 @dataclass(slots=True)
@@ -44,6 +45,7 @@ class UpConfig:
     route_headers: bool = False      # `pagedkube gateway --route-headers`
     drain_timeout: float = 25.0
     scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -132,6 +134,7 @@ class Supervisor:
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
                                        scrape_interval=c.scrape_interval, engine_api_key=api_key))
+from pagedkube.observability import ObservabilityConfig
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
                                     on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key)
