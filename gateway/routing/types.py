@@ -28,16 +28,22 @@ class RoutingInput:
     `block_hashes` are the engine's chained hashes of the prompt's full blocks
     (salted with the tenant's cache salt), empty when the prompt could not be
     tokenized. `ring_key` is the 32-byte key the ring is walked from.
+    `head_blocks` is how many full blocks the ring key covers (the prompt's
+    head, at most ring_key_blocks): the depth an engine must hold to draw the
+    request by affinity under the head-only rule (picker.py).
     """
     ring_key: bytes
     block_hashes: tuple[bytes, ...] = ()
     num_prompt_tokens: int = 0
     block_size: int = 16
     tokenized: bool = True
+    head_blocks: int = 0
 
     def __post_init__(self) -> None:
         if len(self.ring_key) < 8:
             raise ValueError("ring_key must be at least 8 bytes (a sha256 digest)")
+        if self.head_blocks < 0:
+            raise ValueError(f"head_blocks must be >= 0, got {self.head_blocks}")
 
 
 @dataclass(frozen=True, slots=True)
