@@ -168,7 +168,7 @@ class Gateway:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
         self.metrics.routing_decisions.labels(decision.reason).inc()
-        note_route(request.scope, decision, model_label)
+        note_route(request.scope, decision, outcome.model)
         if decision.predicted_cached_tokens:
             self.metrics.predicted_cached_tokens.inc(decision.predicted_cached_tokens)
         body = parsed.forward_body(tenant_salt)

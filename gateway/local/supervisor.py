@@ -133,8 +133,8 @@ class Supervisor:
         api_key = secrets.token_urlsafe(32)   # this run's engine key, 256 random bits; never printed
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
-                                       scrape_interval=c.scrape_interval, engine_api_key=api_key))
-from pagedkube.observability import ObservabilityConfig
+                                       scrape_interval=c.scrape_interval, engine_api_key=api_key,
+                                       observability=c.observability))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
                                     on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key)
