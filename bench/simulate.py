@@ -11,7 +11,7 @@ Every list flag is swept (the cartesian product; the prefix knobs only for
 keeps the load per engine. Deterministic for a seed. Writes results.csv (one
 row per run, with hit rate / ideal of the same fleet and load) and sim.png:
 hit rate as a share of the ideal per policy, one panel per load and replica
-count. docs/benchmarks.md "Simulator" explains the model and quotes the runs.
+count. docs/benchmarks.md "Simulator: routing at fleet scale" explains the model and quotes the runs.
 """
 from __future__ import annotations
 
