@@ -410,7 +410,7 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     setups = [(p, p, args.load_bound[0]) for p in POLICIES if p != "prefix"]
     setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c) for i, c in enumerate(args.load_bound)]
     extra = {}
-    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md "Simulator: routing at fleet scale")
+    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
         setups.append(("prefix old", "prefix", 1.25))
         extra["prefix old"] = ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]
     gateways, bounds = {}, {}

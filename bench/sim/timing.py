@@ -14,7 +14,7 @@ Prefix-cache hits cost nothing (they are not computed). Two profiles:
   published figures: ~10k prefill tokens/s per GPU (0.1 ms per token) and a
   decode step of ~10 ms for a small batch growing ~0.1 ms per extra sequence
   (vLLM's and NVIDIA's published Llama 3.1 8B H100 benchmarks; docs/benchmarks.md
-  "Simulator" cites them). Both are first-order: no attention-length term.
+  "Simulator: routing at fleet scale" cites them). Both are first-order: no attention-length term.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import math
 from typing import Mapping, Sequence
 
 DEFAULT_LOAD_BOUND = 1.5
-DEFAULT_LOAD_FLOOR = 4   # requests an engine always takes (simulator sweep, docs/benchmarks.md "Simulator: routing at fleet scale")
+DEFAULT_LOAD_FLOOR = 4   # requests an engine always takes (the simulator's sweep, docstring above)
 
 
 class BoundedLoad:
