@@ -417,9 +417,11 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     for name, routing, c in setups:
         gateways[name] = procs.start(f"gateway-{name.replace(' ', '-')}",
                                      ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
-                                      "--routing", routing, "--load-bound", str(c), *extra.get(name, [])])
+                                      "--routing", routing, "--load-bound", str(c), "--route-headers",
+                                      *extra.get(name, [])])
         bounds[name] = c
-    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal])
+    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal,
+                                                      "--route-headers"])
     bounds["ideal"] = args.load_bound[0]
     wait_ready(list(gateways.values()), tokenizer=True)
     runs: dict = {}

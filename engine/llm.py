@@ -1,6 +1,7 @@
 """`LLM`: the offline API (DESIGN.md §4), shaped like vLLM's.
 
-    llm = LLM()                                   # the built-in tiny model on CPU
+    llm = LLM()                                   # smollm2-135m-instruct (GGUF) on CPU
+    llm = LLM("builtin://tiny")                   # the 4 MB toy, for fast tests
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
     outs[0].outputs[0].text
 """

@@ -45,12 +45,13 @@ class LLMEngine:
         None: the engine keeps them in its own KVEventLog (`self.kv_events`), as the
         offline LLM does; the server's engine core passes its own sink instead, so the
         log lives only in the HTTP process."""
-        from pagedkube.engine.model_runner import ModelRunner, resolve_model_dir
+        from pagedkube.engine.model_runner import ModelRunner
+        from pagedkube.model_source import resolve_model_source
 
         self.config = config
-        model_dir = resolve_model_dir(config.model)
-        self.model_name = Path(model_dir).name
+        self.model_name = resolve_model_source(config.model).name
         self.runner = ModelRunner(config)
+        model_dir = self.runner.model_config.model_dir   # a GGUF's converted files live in the cache
         self.tokenizer: Tokenizer | None = (
             Tokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else None)
         self.vocab_size = self.runner.model_config.vocab_size

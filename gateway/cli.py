@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
+from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
 from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
@@ -21,6 +23,7 @@ def _affinity_depth(value: str) -> int | None:
     if depth < 0:
         raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
     return depth
+from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def register(subparsers) -> None:
@@ -48,7 +51,15 @@ def register(subparsers) -> None:
     p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
                    help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
                         "every forwarded request (default: $PAGEDKUBE_ENGINE_API_KEY)")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="larger request bodies get 413 (default 8 MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=DEFAULT_BODY_READ_TIMEOUT_S, metavar="SECONDS",
+                   help="a client that sent its headers but not its whole body within this gets 408 (default 30)")
+    p.add_argument("--route-headers", action="store_true",
+                   help="add x-pagedkube-endpoint and x-pagedkube-route (the engine and the routing reason) to "
+                        "responses; off by default, as they show internal addresses to every client")
+    p.add_argument("--tokenize-workers", type=int, default=None,
+                   help="threads that tokenize large prompts off the event loop (default 2, see docs/gateway.md)")
     p.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on connect errors / 5xx")
     p.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for engine bytes")
     p.add_argument("--connect-timeout", type=float, default=2.0)
@@ -68,6 +79,7 @@ def register(subparsers) -> None:
                         "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
     p.add_argument("--log-level", default="info")
     add_autoscale_args(p)
+    add_observability_args(p)
     p.set_defaults(func=run)
 
 
@@ -80,12 +92,14 @@ def config_from_args(args: argparse.Namespace):
         routing=args.routing, load_bound=args.load_bound, load_floor=args.load_floor,
         affinity_depth=args.affinity_depth, api_keys_file=args.api_keys,
         engine_api_key=args.engine_api_key,
-        max_body_bytes=args.max_body_bytes, max_attempts=args.max_attempts,
+        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
+        route_headers=args.route_headers, max_attempts=args.max_attempts,
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
         ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
-        autoscale=autoscaler_config_from_args(args))
+        autoscale=autoscaler_config_from_args(args), observability=observability_from_args(args),
+        **({"tokenize_workers": args.tokenize_workers} if args.tokenize_workers is not None else {}))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"pagedkube gateway: {e}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
     return 0

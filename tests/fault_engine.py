@@ -17,4 +17,4 @@ def faulty_engine(kv_event_sink=None):
             if any(FAIL_MARK in (state.params.stop or []) for state in self._requests.values()):
                 raise RuntimeError("injected fault")
             return super().step_deltas()
-    return FaultyEngine(EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=64), kv_event_sink=kv_event_sink)
+    return FaultyEngine(EngineConfig(model="builtin://tiny", device="cpu", max_model_len=256, num_kv_blocks=64), kv_event_sink=kv_event_sink)

@@ -46,7 +46,7 @@ def test_step_message_round_trip_through_a_real_process():
 @pytest.fixture(scope="module")
 def long_run():
     """Deltas of one request, one per step, for STEPS steps (2 samples, logprobs on)."""
-    llm = LLM(device="cpu", max_model_len=512)
+    llm = LLM("builtin://tiny", device="cpu", max_model_len=512)
     engine = llm.engine
     engine.add_request("long", "My dog likes", SamplingParams(n=2, max_tokens=STEPS, ignore_eos=True, logprobs=2,
                                                               temperature=0.7, seed=1))
