@@ -400,8 +400,9 @@ def chart(results: dict, path: Path) -> None:
 
 
 async def bench(args: argparse.Namespace, procs: Procs) -> dict:
-    common = ["-m", "pagedkube", "serve", "--device", args.device, "--served-model-name", MODEL,
-              "--max-model-len", "1024", "--max-num-seqs", "16"]
+    # The built-in tiny model, as in every run recorded in docs/benchmarks.md (serve's default is now a GGUF).
+    common = ["-m", "pagedkube", "serve", "--model", "builtin://tiny", "--device", args.device,
+              "--served-model-name", MODEL, "--max-model-len", "1024", "--max-num-seqs", "16"]
     engines = [procs.start(f"engine{i}", [*common, "--num-kv-blocks", str(args.kv_blocks)])
                for i in range(args.engines)]
     ideal = procs.start("ideal", [*common, "--num-kv-blocks", str(args.kv_blocks * args.engines)])
@@ -410,7 +411,7 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     setups = [(p, p, args.load_bound[0]) for p in POLICIES if p != "prefix"]
     setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c) for i, c in enumerate(args.load_bound)]
     extra = {}
-    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md "Simulator")
+    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
         setups.append(("prefix old", "prefix", 1.25))
         extra["prefix old"] = ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]
     gateways, bounds = {}, {}

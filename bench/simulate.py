@@ -11,7 +11,7 @@ Every list flag is swept (the cartesian product; the prefix knobs only for
 keeps the load per engine. Deterministic for a seed. Writes results.csv (one
 row per run, with hit rate / ideal of the same fleet and load) and sim.png:
 hit rate as a share of the ideal per policy, one panel per load and replica
-count. docs/benchmarks.md "Simulator" explains the model and quotes the runs.
+count. docs/benchmarks.md "Simulator: routing at fleet scale" explains the model and quotes the runs.
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", choices=sorted(PROFILES), default="h100-8b")
     p.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per engine (16 tokens each)")
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--feed-delay", type=_list(float), default=[0.005], help="seconds until a cache event reaches a gateway")
+    p.add_argument("--feed-delay", type=_list(float), default=[0.005],
+                   help="seconds until a cache event reaches a gateway")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="0: every gateway sees every load exactly")
     p.add_argument("--seed", type=_list(int), default=[0])
     p.add_argument("--out", default=str(REPO / "build" / "bench" / "sim"))

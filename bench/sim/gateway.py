@@ -66,7 +66,8 @@ class SimGateway:
         elif policy.name == "cache-aware":
             self.picker = CacheAwarePicker(policy.cache_aware)
         else:   # prefix, and ideal (one engine: any picker answers it)
-            self.picker = PrefixPicker(self.index, BoundedLoad(policy.load_bound, policy.load_floor), rings, policy.affinity_depth)
+            bound = BoundedLoad(policy.load_bound, policy.load_floor)
+            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
 
     def loads(self) -> dict[str, int]:
         if isinstance(self.picker, CacheAwarePicker):

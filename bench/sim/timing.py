@@ -9,12 +9,12 @@ Prefix-cache hits cost nothing (they are not computed). Two profiles:
   engines sharing the cores, fitted to bench/routing.py (docs/benchmarks.md
   "Routing": the four engines served ~27 req/s with ~18 requests in flight on
   32 petcare sessions at 0.5 s mean think time, TTFT p50 ~12 ms);
-  docs/benchmarks.md "Simulator" shows the fit.
+  docs/benchmarks.md "Simulator: routing at fleet scale" shows the fit.
 * `h100-8b`: an 8B model (Llama 3.1 8B, bf16) on one H100 under vLLM, from
   published figures: ~10k prefill tokens/s per GPU (0.1 ms per token) and a
   decode step of ~10 ms for a small batch growing ~0.1 ms per extra sequence
   (vLLM's and NVIDIA's published Llama 3.1 8B H100 benchmarks; docs/benchmarks.md
-  "Simulator" cites them). Both are first-order: no attention-length term.
+  "Simulator: routing at fleet scale" cites them). Both are first-order: no attention-length term.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ At low load ceil(c (L + 1) / n) is 1 or 2, so the bound moved a session off its
 engine because one other session's request was running there, and the move
 re-prefills the session's whole history elsewhere, while batching one more
 decode costs an engine almost nothing. The fleet simulator (bench/simulate.py,
-docs/benchmarks.md "Simulator") measured it: at 16 engines and low load the
+docs/benchmarks.md "Simulator: routing at fleet scale") measured it: at 16 engines and low load the
 moves cost 3 points of hit rate with no floor; a floor of 4 removed them and left
 the high-load spread (where c (L + 1) / n is above 4) as it was.
 c = 1.25 is the paper's and Vimeo's/HAProxy's usual setting. Ours is 1.5
@@ -27,7 +27,7 @@ import math
 from typing import Mapping, Sequence
 
 DEFAULT_LOAD_BOUND = 1.5
-DEFAULT_LOAD_FLOOR = 4   # requests an engine always takes (simulator sweep, docs/benchmarks.md "Simulator")
+DEFAULT_LOAD_FLOOR = 4   # requests an engine always takes (the simulator's sweep, docstring above)
 
 
 class BoundedLoad:

@@ -22,7 +22,7 @@ from pagedkube.gateway.routing.types import RoutingInput
 # a profile and the first user message) and sessions sharing only a long
 # system prompt still spread. 16 (256 tokens) gave every session of a product
 # the key of the product prompt's start: one ring owner for thousands of
-# sessions, 61% of decisions overflowed (docs/benchmarks.md "Simulator").
+# sessions, 61% of decisions overflowed (docs/benchmarks.md "Simulator: routing at fleet scale").
 DEFAULT_RING_KEY_BLOCKS = 256
 
 

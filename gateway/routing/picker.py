@@ -21,7 +21,7 @@ simulator overturned it once the key covers the whole head and the bound has a
 floor: "any" kept first turns on engines that already hold their product
 prompt and reached 0.962 of hit rate against 0.942 at 16 engines and low load,
 the same at high load, and 0.829 against 0.807 on the four-engine benchmark's
-workload (docs/benchmarks.md "Simulator").
+workload (docs/benchmarks.md "Simulator: routing at fleet scale").
 
 A holder of a shorter prefix than the deepest gets no preference in step 2: in
 a chat, that is an engine holding only the shared system prompt, and

@@ -4,8 +4,9 @@ item 2), with real processes and the built-in model:
 * the engine port wants this run's random key: a direct request without it gets 401;
 * SIGKILL the engine server: it leaves the gateway's endpoints, a new engine starts on a
   new port after the back-off, turns ready, and a request through the gateway succeeds;
-* SIGKILL the engine's core child: the server exits (or, failing that, its /health fails
-  and the supervisor kills it), and again a new engine serves.
+* SIGKILL the engine's core child: the server exits 1 and again a new engine serves;
+* SIGSTOP that one (wedged: holds its port, never answers): its /health fails 3 times, the
+  supervisor kills it and, after a doubled back-off, a third engine serves.
 
 Back-off arithmetic and state transitions are in test_restart_policy.py (no processes).
 """
@@ -76,22 +77,31 @@ def test_engine_is_keyed_and_a_sigkilled_engine_is_replaced(tmp_path):
         assert not [p for p in pids if alive(p)]
 
 
-def test_a_killed_engine_core_is_replaced(tmp_path):
+def test_a_dead_core_and_then_a_wedged_engine_are_each_replaced(tmp_path):
     up = Up(tmp_path, *FLAGS)
     try:
         wait_ready(up, 0)
         (server,) = server_pids(up)
         (core,) = [pid for pid, cmd in children(server) if "spawn_main" in cmd]
         os.kill(core, signal.SIGKILL)
-        # Either the server exits on its core's death, or its /health fails until the
-        # supervisor kills it; both end in a restart.
-        up.wait_for(lambda: re.search(r"^engine-0 \| (exited with code \S+|/health failed 3 times in a row "
-                                      r"\(\S+\): killed); restarting in 1 s$", up.text(), re.M),
-                    RESTART_TIMEOUT_S, "the dead core noticed")
+        # The server notices its core is gone and exits 1; the supervisor starts another.
+        up.wait_for(lambda: re.search(r"^engine-0 \| exited with code 1; restarting in 1 s$", up.text(), re.M),
+                    RESTART_TIMEOUT_S, "the server's exit after its core's death")
         wait_ready(up, 1)
+        assert completion(up).status_code == 200
+        assert not alive(server)
+
+        # A wedged engine (stopped: it holds its port but never answers) fails its health
+        # checks and is killed; the back-off has doubled (it was not ready for 60 s).
+        second = server_pids(up)[-1]
+        os.kill(second, signal.SIGSTOP)
+        up.wait_for(lambda: re.search(r"^engine-0 \| /health failed 3 times in a row \(no answer\): killed; "
+                                      r"restarting in 2 s$", up.text(), re.M),
+                    RESTART_TIMEOUT_S, "the wedged engine killed")
+        wait_ready(up, 2)
         r = completion(up)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        assert not alive(server)
+        assert not alive(second)
     finally:
         pids = server_pids(up)
         assert_stopped_cleanly(up, 1)

@@ -31,7 +31,8 @@ NO_PROMETHEUS = ("needs prometheus and promtool on PATH: `make test-prometheus` 
 UP_FLAGS = ("--model", "builtin://tiny", "--replicas", "1", "--autoscale", "--min-replicas", "1", "--max-replicas", "2",
             "--target-queue-depth", "1", "--scale-up-window", "0", "--scale-down-window", "4",
             "--autoscale-interval", "0.5", "--max-num-seqs", "2", "--num-kv-blocks", "256", "--max-model-len", "1024",
-            "--access-log", "json")
+            "--access-log", "json",
+            "--route-headers")   # x-pagedkube-endpoint tells the load when the second engine serves
 
 
 @dataclass

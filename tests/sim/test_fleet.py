@@ -2,7 +2,7 @@
 policy, and on the seeded pet-care workload at 16 engines the default routing
 against the ideal, round-robin and the cache_aware re-implementation, with one
 and two gateway replicas, at low and high load. Sized for CI (seconds per run);
-the large sweeps are bench runs (docs/benchmarks.md "Simulator")."""
+the large sweeps are bench runs (docs/benchmarks.md "Simulator: routing at fleet scale")."""
 from dataclasses import replace
 
 import pytest
@@ -66,7 +66,7 @@ def test_default_routing_against_ideal_round_robin_and_cache_aware(grid, load, r
     if (load, replicas) == ("low", 1):
         # The one cell cache_aware wins: at low load it piles every session of a
         # product on one engine, which costs it nothing there; our bound moved 4 first
-        # turns, each a cold product prompt (docs/benchmarks.md "Simulator": not met).
+        # turns, each a cold product prompt (docs/benchmarks.md "Simulator: routing at fleet scale": not met).
         assert ca.hit_rate - 0.01 <= ours.hit_rate < ca.hit_rate
     else:
         assert ours.hit_rate >= ca.hit_rate
