@@ -11,6 +11,7 @@ from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
 from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 
 def _affinity_depth(value: str) -> int | None:
@@ -37,7 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--namespace", default="default", help="namespace of --kube-service (default: default)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
     p.add_argument("--load-bound", type=float, default=DEFAULT_LOAD_BOUND,
                    help="c in consistent hashing with bounded loads: no engine above c x mean load "
                         f"(default {DEFAULT_LOAD_BOUND:g})")

@@ -11,9 +11,9 @@ from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 from pagedkube.observability import ObservabilityConfig
 
-ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
 # Prompts in bodies above this many bytes are tokenized in the pool, off the event loop.
 # Measured with the built-in tokenizer (docs/gateway.md "Big prompts"): a first-seen
 # 64 KiB chat renders, encodes and hashes in ~15 ms on an idle core, the next turn of

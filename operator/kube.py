@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import kubernetes
 
-from pagedkube.kube_call import kube_call
+from pagedkube.kube_call import kube_call, load_kube_credentials
 from pagedkube.operator import naming
 
 # kind -> plural, for every kind the operator reads or writes.
@@ -44,10 +44,7 @@ def object_path(obj: dict[str, Any]) -> str:
 
 def default_api_client() -> kubernetes.client.ApiClient:
     """In-cluster credentials, else ~/.kube/config (as kopf's own login does)."""
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+    load_kube_credentials(kubernetes)
     return kubernetes.client.ApiClient()
 
 

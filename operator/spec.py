@@ -13,6 +13,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+# The gateway's own definitions (torch-free modules), not restated here: the operator
+# passes them to the gateway it runs.
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
+
 # Defaults shared with crd.py. Each says where its number comes from.
 DEFAULT_REPLICAS = 1
 DEFAULT_BLOCK_SIZE = 16            # vLLM's default block size
@@ -26,8 +31,6 @@ DEFAULT_SCALE_UP_WINDOW_S = 0      # HPA's default scale-up stabilization
 DEFAULT_SCALE_DOWN_WINDOW_S = 300  # HPA's default scale-down stabilization
 DEFAULT_GATEWAY_REPLICAS = 1
 DEFAULT_ROUTING_POLICY = "prefix"
-ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
-DEFAULT_LOAD_BOUND = 1.5           # Mirrokni et al.'s c; DESIGN.md §6 (the gateway's --load-bound default)
 RUNTIMES = ("pagedkube", "vllm")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval

@@ -6,6 +6,7 @@ import sys
 
 from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # `pagedkube serve` options passed through to every engine, as given.
 ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
@@ -35,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
     p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
-    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
     p.add_argument("--route-headers", action="store_true",
                    help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,

@@ -5,7 +5,8 @@ in its own session (Ctrl-C in the terminal reaches only the supervisor, which
 drains the engines itself) with PR_SET_PDEATHSIG = SIGTERM, so an engine drains
 and exits even when the supervisor is SIGKILLed. Every engine of one run wants
 the same random API key (PAGEDKUBE_API_KEY, in its environment, not its argv),
-which the gateway sends, so engine ports on localhost answer 401 to anyone else.
+which the gateway sends, so engine ports on localhost answer 401 to anyone else,
+and the same random cache hash seed (PAGEDKUBE_HASH_SEED), as the operator does.
 
     state:  starting -> loading -> ready <-> unhealthy
                            ^                    |
@@ -80,7 +81,8 @@ class LocalEngines:
                  on_change: Callable[[LocalEngine], None] = lambda e: None,
                  on_log: Callable[[str, str], None] = lambda name, line: None,
                  drain_timeout: float = 25.0, host: str = "127.0.0.1", ready_poll: float = READY_POLL_S,
-                 api_key: str | None = None, policy: RestartPolicy = RestartPolicy()):
+                 api_key: str | None = None, hash_seed: str | None = None,
+                 policy: RestartPolicy = RestartPolicy()):
         self.endpoints = endpoints
         self.engine_args = list(engine_args)
         self.on_change = on_change
@@ -89,7 +91,8 @@ class LocalEngines:
         self.host = host
         self.ready_poll = ready_poll
         self.policy = policy
-        self.env = {**os.environ, **({"PAGEDKUBE_API_KEY": api_key} if api_key else {})}
+        secrets = {"PAGEDKUBE_API_KEY": api_key, "PAGEDKUBE_HASH_SEED": hash_seed}
+        self.env = {**os.environ, **{k: v for k, v in secrets.items() if v}}   # not argv: `ps` shows that
         self.engines: list[LocalEngine] = []
         self._next_index = 0
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(policy.health_timeout_s))

@@ -13,7 +13,8 @@ stragglers, and return; PDEATHSIG covers a supervisor that is SIGKILLed.
 Meanwhile LocalEngines restarts engines that exit or stop answering /health
 (restart.py). Each run draws a random engine API key: the engines require it
 and the gateway sends it (--engine-api-key), so nothing else on this machine can
-use an engine port directly, bypassing the gateway's keys and tenant salts.
+use an engine port directly, bypassing the gateway's keys and tenant salts; and a
+random cache hash seed, shared by its engines (restarts included).
 """
 from __future__ import annotations
 
@@ -130,14 +131,16 @@ class Supervisor:
         except OSError as e:
             self.console.log("up", f"cannot listen on {c.host}:{c.port}: {e}")
             return 1
-        api_key = secrets.token_urlsafe(32)   # this run's engine key, 256 random bits; never printed
+        # This run's engine key and cache hash seed, 256 random bits each; never printed.
+        api_key, hash_seed = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
                                        scrape_interval=c.scrape_interval, engine_api_key=api_key,
                                        observability=c.observability))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
-                                    on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key)
+                                    on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key,
+                                    hash_seed=hash_seed)
         if c.autoscale is not None:
             self.gateway.scale_target = self.engines
         self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")

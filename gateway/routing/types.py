@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+# The routing policies (gateway --routing, pagedkube up --routing, LLMService
+# spec.gateway.routing.policy): defined once, here.
+ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
+
 # Reasons, as used in pagedkube_gateway_routing_decisions_total{reason}.
 AFFINITY = "affinity"      # the deepest held prefix, within the load bound
 RING = "ring"              # nothing held: the ring's first pod for the key, within the bound

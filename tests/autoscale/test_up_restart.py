@@ -1,7 +1,8 @@
 """`pagedkube up --replicas 1` supervises its engine like a process manager (issue 14,
 item 2), with real processes and the built-in model:
 
-* the engine port wants this run's random key: a direct request without it gets 401;
+* the engine port wants this run's random key: a direct request without it gets 401; the
+  key and the run's random cache hash seed are in the engine's environment, not its argv;
 * SIGKILL the engine server: it leaves the gateway's endpoints, a new engine starts on a
   new port after the back-off, turns ready, and a request through the gateway succeeds;
 * SIGKILL the engine's core child: the server exits 1 and again a new engine serves;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -58,9 +60,18 @@ def test_engine_is_keyed_and_a_sigkilled_engine_is_replaced(tmp_path):
             assert r.status_code == 401, r.text
             assert r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(f"{first_url}/health", timeout=30).status_code == 200   # probes stay open
+        # The key and the hash seed are in the engine's environment, not on its command line.
+        (first_pid,) = server_pids(up)
+        env = dict(line.split("=", 1) for line in
+                   Path(f"/proc/{first_pid}/environ").read_bytes().decode().split("\0") if "=" in line)
+        key, seed = env["PAGEDKUBE_API_KEY"], env["PAGEDKUBE_HASH_SEED"]
+        assert len(key) >= 43 and len(seed) >= 43 and key != seed
+        cmdline = Path(f"/proc/{first_pid}/cmdline").read_bytes().decode()
+        assert key not in cmdline and seed not in cmdline
+        r = httpx.get(f"{first_url}/v1/cache/config", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert r.status_code == 200 and r.json()["hash_seed"] == seed
         assert completion(up).status_code == 200
 
-        (first_pid,) = server_pids(up)
         os.kill(first_pid, signal.SIGKILL)
         up.wait_for(lambda: re.search(r"^engine-0 \| exited with code -9; restarting in 1 s$", up.text(), re.M),
                     60, "the exit noticed")
