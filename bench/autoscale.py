@@ -151,7 +151,7 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = out / "up.log"
-    flags = ["--port", str(port), "--replicas", "1", "--autoscale", "--min-replicas", "1",
+    flags = ["--port", str(port), "--route-headers", "--replicas", "1", "--autoscale", "--min-replicas", "1",
              "--max-replicas", str(args.max_replicas), "--target-queue-depth", str(args.target_queue_depth),
              "--scale-up-window", "0", "--scale-down-window", str(args.scale_down_window),
              "--autoscale-interval", "0.5", "--max-num-seqs", "1", "--num-kv-blocks", "64", "--max-model-len", "256"]

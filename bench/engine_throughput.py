@@ -8,6 +8,7 @@ each prompt's own tokens count towards its throughput, as a server would see.
 
     .venv/bin/python bench/engine_throughput.py                 # CPU: 40.5M-param Qwen2-style model, 1 thread
     .venv/bin/python bench/engine_throughput.py --device cuda   # Qwen2.5-0.5B's shape, HF batch 64
+    .venv/bin/python bench/engine_throughput.py --model smollm2-135m-instruct   # a real model (GGUF)
 
 Prints output tokens/s for both and the ratio (ours / HF). Record results in
 docs/benchmarks.md, "Engine throughput (CPU)".
@@ -73,7 +74,9 @@ def run_ours(model_dir: Path, workload, device: str) -> tuple[float, list[list[i
 def run_hf(model_dir: Path, workload, device: str, batch_size: int) -> tuple[float, list[list[int]], int]:
     import transformers as tf
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    model = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    where = dict(pretrained_model_name_or_path=model_dir.parent, gguf_file=model_dir.name) if model_dir.is_file() \
+        else dict(pretrained_model_name_or_path=model_dir)      # a GGUF file, or a Hugging Face directory
+    model = tf.AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).to(device).eval()
     pad = 0
 
     def batch_generate(items):
@@ -107,6 +110,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--hf-batch-size", type=int, default=None, help="default: 16 on CPU, 64 on CUDA")
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse a model made by an earlier run")
+    ap.add_argument("--model", default=None,
+                    help="a real model instead of random weights: a name, GGUF file or directory (pagedkube.model_source)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: on a shared machine more threads mostly spin; 0 = torch's default)")
     args = ap.parse_args()
@@ -118,6 +123,10 @@ def main() -> None:
     shape = CPU_SHAPE if cpu else CUDA_SHAPE
     batch_size = args.hf_batch_size or (16 if cpu else 64)
     prompt_lens, output_lens = ((8, 128), (16, 96)) if cpu else ((32, 1024), (64, 512))
+    if args.model:
+        from pagedkube.model_source import resolve_model_source
+        args.model_dir = resolve_model_source(args.model).path
+        shape = {"model": args.model, "vocab_size": 49152 if "smollm2" in args.model else shape["vocab_size"]}
     workload = make_workload(args.num_prompts, prompt_lens, output_lens, shape["vocab_size"])
     num_output = sum(n for _, n in workload)
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,7 +134,7 @@ def main() -> None:
         hf_s, hf_tokens, num_params = run_hf(model_dir, workload, args.device, batch_size)
         ours_s, our_tokens = run_ours(model_dir, workload, args.device)
     agree = sum(a == b for a, b in zip(our_tokens, hf_tokens))
-    print(f"model: Qwen2 shape {shape} ({num_params / 1e6:.1f}M params), device {args.device}, "
+    print(f"model: {'' if args.model else 'Qwen2 shape '}{shape} ({num_params / 1e6:.1f}M params), device {args.device}, "
           f"torch threads {torch.get_num_threads()}")
     print(f"workload: {len(workload)} prompts, prompt lens {prompt_lens}, output lens {output_lens}, "
           f"{num_output} output tokens; HF batch size {batch_size}")

@@ -6,7 +6,8 @@
 # 1. the GPU tests: tests/test_gpu_engine.py (engine vs HF) and the Triton kernel tests,
 #    which on a GPU machine run compiled on CUDA instead of in the interpreter;
 # 2. bench/kernels.py --device cuda (paged attention vs SDPA, GB/s, fraction of peak);
-# 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64).
+# 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64);
+# 4. the same on a real model, SmolLM2-135M-Instruct (the default model's GGUF, bf16 on the GPU).
 # Each step has its own time limit and a failure does not stop the later steps; the exit
 # status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
 set -u
@@ -37,6 +38,7 @@ step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_eng
     tests/test_triton_attention.py tests/test_triton_write_kv.py tests/test_triton_engine.py
 step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
+step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct
 
 echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
 exit $status

@@ -15,6 +15,7 @@ workers). Prints medians and the ratios; the ratio, not the absolute time, is
 the result (docs/benchmarks.md).
 
     .venv/bin/python bench/prefix_cache.py [--trials 5] [--device cpu] [--threads 1]
+    .venv/bin/python bench/prefix_cache.py --model smollm2-135m-instruct   # a real model (GGUF)
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def main() -> None:
     parser.add_argument("--suffix-tokens", type=int, default=16)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--model", default=None,
+                        help="a real model instead of the random one: a name, GGUF file or directory")
     args = parser.parse_args()
 
     import torch
@@ -61,13 +64,18 @@ def main() -> None:
 
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        path, num_params = make_model(Path(tmp) / "qwen2-39m", seed=0)
+        if args.model:
+            path, num_params = args.model, None
+        else:
+            path, num_params = make_model(Path(tmp) / "qwen2-39m", seed=0)
         llm = LLM(str(path), device=args.device, dtype="float32", num_kv_blocks=512,
                   max_num_batched_tokens=2048)
+        if num_params is None:
+            num_params = sum(p.numel() for p in llm.engine.runner.model.parameters())
         params = SamplingParams(temperature=0.0, max_tokens=1)
 
         def tokens(n):
-            return [rng.randrange(100, 32000) for _ in range(n)]
+            return [rng.randrange(100, min(32000, llm.engine.vocab_size)) for _ in range(n)]
 
         timed(llm, tokens(64), params)   # warm-up: first-call allocations
         cold, warm = [], []
@@ -79,7 +87,7 @@ def main() -> None:
             cold.append(t_cold)
             warm.append(t_warm)
         stats = llm.engine.stats()
-    print(f"model: random Qwen2 {num_params / 1e6:.1f}M params, float32, {args.device}, {args.threads} thread(s); "
+    print(f"model: {args.model or 'random Qwen2'} {num_params / 1e6:.1f}M params, float32, {args.device}, {args.threads} thread(s); "
           f"prompt {args.prefix_tokens}+{args.suffix_tokens} tokens, {args.trials} trials")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     print(f"cached: {cached_warm} tokens from the cache (hits {stats.prefix_cache_hits} / "

@@ -20,7 +20,7 @@ API_MESSAGES = {
                           "autoscaling.maxReplicas] when autoscaling",
     "replicas below min": "spec: Invalid value: replicas must lie within [autoscaling.minReplicas, "
                           "autoscaling.maxReplicas] when autoscaling",
-    "vllm builtin": "spec: Invalid value: the vllm runtime cannot serve builtin://tiny; use hf:// or pvc://",
+    "vllm builtin": "spec: Invalid value: the vllm runtime cannot serve builtin:// models; use hf:// or pvc://",
     "bad runtime": 'spec.engine.runtime: Unsupported value: "tgi": supported values: "pagedkube", "vllm"',
     "bad block size": 'spec.engine.blockSize: Unsupported value: 24: supported values: "8", "16", "32", "64", "128"',
     "negative replicas": "spec.replicas: Invalid value: -1: spec.replicas in body should be greater than or equal to 0",
@@ -34,6 +34,10 @@ API_MESSAGES = {
     "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
     "engine key without name": "spec.engine.apiKeySecretRef.name: Required value",
+    "no key but a key secret": "spec.engine: Invalid value: engine.requireApiKey false contradicts "
+                               "engine.apiKeySecretRef; drop one",
+    "empty metrics peer": "spec.networkPolicy.metricsFrom[0]: Invalid value: 0: spec.networkPolicy.metricsFrom[0] "
+                          "in body should have at least 1 properties",
 }
 
 
@@ -73,7 +77,7 @@ def test_fixed_spec_is_accepted_with_defaults(installed: Kube) -> None:
     try:
         got = installed.json("get", "llms", "e2e-fixed", "-n", "e2e-valid")
         assert got["spec"]["engine"]["blockSize"] == 16  # structural defaulting by the API server
-        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.25}
+        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
         assert got["spec"]["autoscaling"]["targetQueueDepth"] == 4
     finally:
         installed.run("delete", "namespace", "e2e-valid", "--wait=false")

@@ -10,7 +10,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None            # a Hugging Face directory; None = the built-in tiny model
+    model: str | None = None            # a Hugging Face directory, a GGUF file or a model name (pagedkube.model_source); None = smollm2-135m-instruct
     device: str = "auto"                # auto = cuda when available, else cpu
     dtype: str = "auto"                 # auto = the checkpoint's torch_dtype on CUDA, float32 on CPU
     block_size: int = 16                # tokens per KV block (vLLM's default)

@@ -10,7 +10,7 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate a completion offline (no server)",
                               description="Run the paged-KV engine once on a prompt and print the completion.")
     p.add_argument("--prompt", required=True, help="the prompt text (the user message with --chat)")
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the built-in tiny model)")
+    p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")

@@ -1,6 +1,7 @@
 """`LLM`: the offline API (DESIGN.md §4), shaped like vLLM's.
 
-    llm = LLM()                                   # the built-in tiny model on CPU
+    llm = LLM()                                   # smollm2-135m-instruct (GGUF) on CPU
+    llm = LLM("builtin://tiny")                   # the 4 MB toy, for fast tests
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=8))
     outs[0].outputs[0].text
 """
@@ -10,7 +11,7 @@ from typing import Any, Sequence
 
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.llm_engine import LLMEngine
-from pagedkube.engine.outputs import RequestOutput
+from pagedkube.engine.outputs import OutputAccumulator, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -57,25 +58,26 @@ class LLM:
                 self.engine.check_request(prompt, p)
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        request_ids = []
+        results: dict[str, OutputAccumulator] = {}
         for prompt, p in zip(prompts, params):
             request_id = f"llm-{self._num_requests}"
             self._num_requests += 1
-            self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
-            request_ids.append(request_id)
-        return self._run(request_ids)
+            token_ids = self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
+            results[request_id] = OutputAccumulator(request_id, prompt if isinstance(prompt, str) else None,
+                                                    token_ids)
+        return self._run(results)
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
-        pending = set(request_ids)
-        finished: dict[str, RequestOutput] = {}
+    def _run(self, results: dict[str, OutputAccumulator]) -> list[RequestOutput]:
+        pending = set(results)
         try:
             while pending:
-                for out in self.engine.step():
-                    if out.finished and out.request_id in pending:
-                        finished[out.request_id] = out
-                        pending.discard(out.request_id)
+                for delta in self.engine.step_deltas():
+                    if delta.request_id in pending:
+                        results[delta.request_id].add(delta)
+                        if delta.finished:
+                            pending.discard(delta.request_id)
         except BaseException:
             for request_id in pending:   # leave the engine clean for the next call
                 self.engine.abort_request(request_id)
             raise
-        return [finished[request_id] for request_id in request_ids]
+        return [acc.result() for acc in results.values()]

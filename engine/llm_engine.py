@@ -14,12 +14,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.kv_cache_manager import KVCacheManager
 from pagedkube.engine.kv_events import KVEventLog
 from pagedkube.engine.output_processor import RequestState
-from pagedkube.engine.outputs import RequestOutput
+from pagedkube.engine.outputs import RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler
 from pagedkube.engine.sequence import Sequence, SequenceStatus
@@ -39,22 +40,31 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
-        from pagedkube.engine.model_runner import ModelRunner, resolve_model_dir
+    def __init__(self, config: EngineConfig, kv_event_sink: Callable[[str, list[bytes]], None] | None = None):
+        """`kv_event_sink` receives the pool's cache events (stored/removed block hashes).
+        None: the engine keeps them in its own KVEventLog (`self.kv_events`), as the
+        offline LLM does; the server's engine core passes its own sink instead, so the
+        log lives only in the HTTP process."""
+        from pagedkube.engine.model_runner import ModelRunner
+        from pagedkube.model_source import resolve_model_source
 
         self.config = config
-        model_dir = resolve_model_dir(config.model)
-        self.model_name = Path(model_dir).name
+        self.model_name = resolve_model_source(config.model).name
         self.runner = ModelRunner(config)
+        model_dir = self.runner.model_config.model_dir   # a GGUF's converted files live in the cache
         self.tokenizer: Tokenizer | None = (
             Tokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else None)
         self.vocab_size = self.runner.model_config.vocab_size
         self.max_model_len = self.runner.max_model_len
         self.block_size = self.runner.block_size
-        self.kv_events = KVEventLog()
-        self.kv_manager = KVCacheManager(self.runner.num_kv_blocks, self.block_size,
-                                         config.enable_prefix_caching, config.hash_seed, self.kv_events.record)
+        self.kv_events = KVEventLog() if kv_event_sink is None else None
+        self.kv_manager = KVCacheManager(self.runner.num_kv_blocks, self.block_size, config.enable_prefix_caching,
+                                         config.hash_seed, kv_event_sink or self.kv_events.record)
+        # The one source of EOS ids (the model's, else the tokenizer's), for the stop check and
+        # for the sampler's min_tokens mask alike.
         eos_ids = self.runner.model_config.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else [])
+        self.eos_token_ids = list(eos_ids)
+        self.runner.sampler.eos_token_ids = self.eos_token_ids
         self.scheduler = Scheduler(self.kv_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_ids=eos_ids)
@@ -88,14 +98,16 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         token_ids = self.tokenize_prompt(prompt)
-        if len(token_ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len "
-                             f"({self.max_model_len})")
+        bad_bias = [t for t in params.logit_bias or () if t >= self.vocab_size]
+        if bad_bias:
+            raise ValueError(f"logit_bias: token ids must be < {self.vocab_size} (the vocabulary size); "
+                             f"got {bad_bias[:5]}")
         self.scheduler.check_request(len(token_ids), params)
         return token_ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, cache_salt: str | None = None) -> None:
+                    *, cache_salt: str | None = None, group: str | None = None) -> list[int]:
+        """Queues a request; returns its prompt token ids (ValueError if it can never run)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
         if request_id in self._requests:
@@ -103,11 +115,12 @@ class LLMEngine:
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError("cache_salt must be a string")
         token_ids = self.check_request(prompt, params)
-        seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt)
+        seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt, group=group)
                 for i in range(params.n)]
         self.scheduler.add_request(seqs)
         self._requests[request_id] = RequestState.create(
             request_id, prompt if isinstance(prompt, str) else None, seqs, self.tokenizer)
+        return token_ids
 
     def abort_request(self, request_id: str) -> None:
         state = self._requests.pop(request_id, None)
@@ -122,7 +135,16 @@ class LLMEngine:
     # ---- the loop ------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One forward pass; the outputs of the requests that sampled a token."""
+        """One forward pass; the cumulative outputs of the requests that sampled a token
+        (vLLM's LLMEngine.step). O(tokens so far) per request: the server and LLM use
+        step_deltas() instead."""
+        return [state.to_output() for state in self._step()]
+
+    def step_deltas(self) -> list[RequestDelta]:
+        """One forward pass; what each request that sampled a token added (O(new tokens))."""
+        return [state.to_delta() for state in self._step()]
+
+    def _step(self) -> list[RequestState]:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self._requests:   # the scheduler guarantees progress; never spin silently
@@ -138,12 +160,10 @@ class LLMEngine:
             state = self._requests[update.seq.request_id]
             state.apply(update, self.scheduler)
             touched[state.request_id] = state
-        outputs = []
         for request_id, state in touched.items():
-            outputs.append(state.to_output())
-            if outputs[-1].finished:
+            if state.finished:
                 del self._requests[request_id]
-        return outputs
+        return list(touched.values())
 
     def stats(self) -> EngineStats:
         kv = self.kv_manager

@@ -1,4 +1,4 @@
-"""Build a decoder and fill it from a Hugging Face safetensors checkpoint.
+"""Build a decoder and fill it from a Hugging Face safetensors checkpoint or a GGUF file.
 
 The model is constructed on the meta device (no memory, no random init),
 materialised on the target device in the target dtype, then every parameter is
@@ -11,7 +11,9 @@ fused projections land in row slices:
 Every parameter (and every slice of a fused one) must be loaded exactly once;
 a missing or unexpected tensor or a shape mismatch is a ValueError naming it.
 lm_head shares embed_tokens' weight when the config ties them or when the
-checkpoint has no lm_head.weight (as Hugging Face does).
+checkpoint has no lm_head.weight (as Hugging Face does). A GGUF file's tensors
+arrive already renamed and dequantized (engine/gguf/weights.py) and take the
+same path.
 """
 from __future__ import annotations
 
@@ -82,6 +84,41 @@ def _destination(name: str, fused: dict[str, tuple[str, int, int]]) -> tuple[str
     return name, None
 
 
+class _Sink:
+    """Places checkpoint tensors (Hugging Face names) into the model's parameters and
+    checks that every parameter (and every slice of a fused one) is filled exactly once."""
+
+    def __init__(self, model: DecoderForCausalLM, cfg: ModelConfig):
+        self.model, self.cfg = model, cfg
+        self.params = dict(model.named_parameters())        # tied lm_head appears once, as embed_tokens
+        self.loaded: dict[str, int] = {name: 0 for name in self.params}   # rows loaded per parameter
+        self.expected = {name: p.shape[0] for name, p in self.params.items()}
+        self.fused = _fused_targets(cfg)
+        self.has_lm_head = False
+
+    def put(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        if name == "lm_head.weight":
+            self.has_lm_head = True
+            if self.cfg.tie_word_embeddings:
+                return                                      # tied: embed_tokens is the one copy
+        dst, rows = _destination(name, self.fused)
+        if dst not in self.params:
+            raise ValueError(f"unexpected tensor {name!r} in {source} for a {self.cfg.architecture}")
+        target = self.params[dst].data if rows is None else self.params[dst].data[rows]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+        target.copy_(tensor)
+        self.loaded[dst] += target.shape[0] if target.dim() else 1
+
+    def finish(self, where: str) -> None:
+        if not self.cfg.tie_word_embeddings and not self.has_lm_head:
+            self.model.lm_head.weight = self.model.model.embed_tokens.weight  # Hugging Face ties when lm_head is absent
+            self.loaded["lm_head.weight"] = self.expected["lm_head.weight"]
+        missing = [n for n in self.params if self.loaded[n] != self.expected[n]]
+        if missing:
+            raise ValueError(f"checkpoint in {where!r} lacks (or duplicates) tensors for {missing}")
+
+
 def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
                max_positions: int) -> DecoderForCausalLM:
     with torch.device("meta"):
@@ -89,35 +126,20 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
     model.to(dtype=dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:                          # to_empty() unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
-    params = dict(model.named_parameters())             # tied lm_head appears once, as embed_tokens
-    loaded: dict[str, int] = {name: 0 for name in params}   # rows loaded per parameter
-    expected = {name: p.shape[0] for name, p in params.items()}
-    fused = _fused_targets(cfg)
-    has_lm_head = False
-    for file in checkpoint_files(cfg.model_dir):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if name.endswith(IGNORED_SUFFIXES):
-                    continue
-                if name == "lm_head.weight":
-                    has_lm_head = True
-                    if cfg.tie_word_embeddings:
-                        continue                        # tied: embed_tokens is the one copy
-                dst, rows = _destination(name, fused)
-                if dst not in params:
-                    raise ValueError(f"unexpected tensor {name!r} in {file.name} for a {cfg.architecture}")
-                target = params[dst].data if rows is None else params[dst].data[rows]
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                     f"expected {tuple(target.shape)}")
-                target.copy_(tensor)
-                loaded[dst] += target.shape[0] if target.dim() else 1
-    if not cfg.tie_word_embeddings and not has_lm_head:
-        model.lm_head.weight = model.model.embed_tokens.weight  # Hugging Face ties when lm_head is absent
-        loaded["lm_head.weight"] = expected["lm_head.weight"]
-    missing = [n for n in params if loaded[n] != expected[n]]
-    if missing:
-        raise ValueError(f"checkpoint in {cfg.model_dir!r} lacks (or duplicates) tensors for {missing}")
+    sink = _Sink(model, cfg)
+    if cfg.gguf_file is not None:
+        from pagedkube.engine.gguf.reader import GGUFFile
+        from pagedkube.engine.gguf.weights import hf_tensors
+
+        for name, tensor in hf_tensors(GGUFFile(cfg.gguf_file), cfg):
+            sink.put(name, tensor, Path(cfg.gguf_file).name)
+        sink.finish(cfg.gguf_file)
+    else:
+        for file in checkpoint_files(cfg.model_dir):
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    if not name.endswith(IGNORED_SUFFIXES):
+                        sink.put(name, f.get_tensor(name), file.name)
+        sink.finish(cfg.model_dir)
     model.eval()
     return model

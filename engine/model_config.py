@@ -59,10 +59,20 @@ class ModelConfig:
     sliding_window: int | None = None  # None = full attention in every layer
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None   # the checkpoint's dtype name, e.g. "bfloat16"
+    gguf_file: str | None = None     # weights from this GGUF file (model_dir then holds its converted config/tokenizer)
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> "ModelConfig":
+        """A Hugging Face directory, or a GGUF file (its config and tokenizer converted once
+        into a cache folder keyed by the file's sha256, engine/gguf/prepare.py)."""
         path = Path(model_dir)
+        if path.is_file():
+            from pagedkube.engine.gguf.prepare import gguf_model_dir
+
+            converted = gguf_model_dir(path)
+            cfg = cls.from_dict(json.loads((converted / "config.json").read_text()), model_dir=str(converted))
+            cfg.gguf_file = str(path)
+            return cfg
         if not path.is_dir():
             raise ValueError(f"model directory {str(path)!r} does not exist")
         config_file = path / "config.json"

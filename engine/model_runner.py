@@ -64,13 +64,10 @@ def select_backend(name: str, device: torch.device) -> ModuleType:
 
 
 def resolve_model_dir(model: str | None) -> str:
-    try:
-        from pagedkube.builtin import resolve_model
-    except ImportError:
-        if model is None:
-            raise ValueError("no model given and the built-in model (pagedkube.builtin) is not installed") from None
-        return model
-    return str(resolve_model(model))
+    """The local model directory or GGUF file a --model value names (pagedkube.model_source)."""
+    from pagedkube.model_source import resolve_model_source
+
+    return str(resolve_model_source(model).path)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedkube.engine.outputs import CompletionOutput, RequestOutput
+from pagedkube.engine.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler, SeqUpdate
 from pagedkube.engine.sequence import Sequence, SequenceStatus
@@ -54,6 +54,39 @@ class SampleState:
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float | None = None
+    sent_tokens: int = 0                 # what to_delta already reported
+    sent_text: int = 0
+    sent_final: bool = False
+
+    def new_text(self, params: SamplingParams) -> str:
+        """Visible text not yet reported, in O(new characters) while running."""
+        if self.detok is None:
+            return ""
+        if self.seq.status.finished:
+            text = self.visible_text(params)   # once per sample: it may decode the whole output
+            end = len(text)
+        else:
+            text = self.detok.text
+            end = max(0, len(text) - (max((len(s) for s in params.stop), default=1) - 1))
+        piece = text[self.sent_text:end] if end > self.sent_text else ""
+        self.sent_text = max(self.sent_text, end)
+        return piece
+
+    def delta(self, params: SamplingParams) -> SampleDelta | None:
+        """This sample's SampleDelta since the last call, or None if nothing changed."""
+        if self.sent_final:
+            return None
+        status = self.seq.status
+        num_tokens = self.seq.num_output_tokens
+        if num_tokens == self.sent_tokens and not status.finished:
+            return None
+        token_ids = self.seq.output_token_ids[self.sent_tokens:]
+        logprobs = None if self.logprobs is None else self.logprobs[self.sent_tokens:]
+        self.sent_tokens = num_tokens
+        self.sent_final = status.finished
+        return SampleDelta(self.seq.sample_index, token_ids, self.new_text(params), logprobs,
+                           self.cumulative_logprob, status.value if status.finished else None,
+                           self.stop_reason if status.finished else None)
 
     def visible_text(self, params: SamplingParams) -> str:
         if self.detok is None:
@@ -135,6 +168,12 @@ class RequestState:
             state.seq.status = SequenceStatus.FINISHED_STOPPED
         else:
             scheduler.finish(state.seq, SequenceStatus.FINISHED_STOPPED)
+
+    def to_delta(self) -> RequestDelta:
+        """What every sample added since the last call (the engine core's per-step record)."""
+        samples = [d for s in self.samples if (d := s.delta(self.params)) is not None]
+        return RequestDelta(self.request_id, samples, self.finished, self.samples[0].seq.num_cached_tokens,
+                            self.metrics.get("first_scheduled_time"))
 
     def to_output(self) -> RequestOutput:
         outputs = []

@@ -24,3 +24,75 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SampleDelta:
+    """What one sample (of n) added in one engine step: only the new part."""
+    index: int
+    token_ids: list[int]                      # new token ids
+    text: str                                 # new text (held-back characters come later)
+    logprobs: list[dict[int, float]] | None   # one entry per new token, or None when logprobs are off
+    cumulative_logprob: float | None
+    finish_reason: str | None = None          # set on the sample's last delta
+    stop_reason: int | str | None = None
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """One request's progress in one engine step: the record the engine core sends
+    over the process boundary and the server's formatters consume as it is. Its size
+    is O(new tokens), never O(tokens so far) (docs/engine.md "Outputs")."""
+    request_id: str
+    samples: list[SampleDelta]                # the samples that progressed this step
+    finished: bool                            # every sample has finished
+    num_cached_tokens: int
+    first_scheduled_time: float | None = None
+
+
+class OutputAccumulator:
+    """Builds vLLM's cumulative RequestOutput from a request's deltas, for callers that
+    want the whole answer at once (LLM.generate, non-streamed HTTP requests).
+
+    Appends only: text pieces are joined once, in result()."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.finished = False
+        self.num_cached_tokens = 0
+        self.metrics: dict = {}
+        self._samples: dict[int, tuple[CompletionOutput, list[str]]] = {}
+
+    def add(self, delta: RequestDelta) -> None:
+        assert delta.request_id == self.request_id, (delta.request_id, self.request_id)
+        self.finished = delta.finished
+        self.num_cached_tokens = delta.num_cached_tokens
+        if delta.first_scheduled_time is not None:
+            self.metrics.setdefault("first_scheduled_time", delta.first_scheduled_time)
+        for s in delta.samples:
+            if s.index not in self._samples:
+                self._samples[s.index] = (CompletionOutput(s.index, "", [], logprobs=None), [])
+            out, texts = self._samples[s.index]
+            out.token_ids.extend(s.token_ids)
+            texts.append(s.text)
+            if s.logprobs is not None:
+                if out.logprobs is None:
+                    out.logprobs = []
+                out.logprobs.extend(s.logprobs)
+            out.cumulative_logprob = s.cumulative_logprob
+            out.finish_reason, out.stop_reason = s.finish_reason, s.stop_reason
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(out.token_ids) for out, _ in self._samples.values())
+
+    def result(self) -> RequestOutput:
+        outputs = []
+        for index in sorted(self._samples):
+            out, texts = self._samples[index]
+            out.text = "".join(texts)
+            outputs.append(out)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, self.finished,
+                             self.num_cached_tokens, dict(self.metrics))

@@ -1,6 +1,7 @@
 """Logits -> next tokens for one step: greedy, temperature, min_p, top_k, top_p.
 
-Order of processing (vLLM v1's): raw logprobs; min_tokens masks EOS and
+Order of processing (vLLM v1's): raw logprobs; penalties and logit bias
+(penalties.py); min_tokens masks EOS and
 stop_token_ids; greedy rows take the argmax; random rows divide by the
 temperature, drop tokens under min_p * max prob, keep the top_k, keep the
 smallest set whose probability reaches top_p, then draw.
@@ -20,6 +21,7 @@ import hashlib
 
 import torch
 
+from pagedkube.engine.penalties import apply_penalties
 from pagedkube.engine.sequence import SampleOutput, Sequence
 
 
@@ -43,6 +45,7 @@ class Sampler:
         # ("raw_logprobs"), and what the OpenAI API's logprobs mean.
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        logits = apply_penalties(logits, seqs)
         logits = self._mask_min_tokens(logits, seqs)
         tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]

@@ -20,6 +20,11 @@ class SamplingParams:
     logprobs: int | None = None       # None = off; k >= 0 = sampled token + top-k
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Penalties (vLLM's / OpenAI's meaning, applied in engine/penalties.py):
+    repetition_penalty: float = 1.0   # > 0; seen tokens (prompt and output): logit / p if > 0 else * p
+    presence_penalty: float = 0.0     # [-2, 2]; minus this once for every token already in the output
+    frequency_penalty: float = 0.0    # [-2, 2]; minus this times the token's count in the output
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit, in [-100, 100]
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,7 +56,30 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if not isinstance(self.repetition_penalty, (int, float)) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if self.logit_bias is not None:
+            bias = {}
+            for key, value in dict(self.logit_bias).items():
+                try:
+                    token_id = int(key)
+                except (TypeError, ValueError):
+                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+                if token_id < 0 or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                    raise ValueError(f"logit_bias: token {key!r} -> {value!r}: ids >= 0, biases in [-100, 100]")
+                bias[token_id] = float(value)
+            self.logit_bias = bias or None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty or bias changes this request's logits."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or bool(self.logit_bias))

@@ -5,7 +5,8 @@ One token budget per step (max_num_batched_tokens) is spent in this order:
     1. running sequences, oldest first: a decode costs 1 token, an unfinished
        prefill its remaining prompt (cut to the budget: chunked prefill);
     2. waiting sequences, front first, while the budget, max_num_seqs and the
-       pool allow (prefix-cache hits are free).
+       pool allow (prefix-cache hits are free). The waiting queue is fair across
+       requests (waiting_queue.py): round-robin between groups, FIFO within one.
 
 When a running sequence needs a block and the pool is empty, the most recently
 arrived running sequence not yet scheduled this step is preempted by recompute:
@@ -25,12 +26,14 @@ Torch-free.
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from dataclasses import dataclass
 
+from pagedkube.engine.admission import AdmissionLimits, allowed_max_tokens
+from pagedkube.engine.forks import PendingForks
 from pagedkube.engine.kv_cache_manager import KVCacheManager
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq, Sequence, SequenceStatus
+from pagedkube.engine.waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -49,12 +52,13 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.limits = AdmissionLimits(max_model_len, kv.pool.num_blocks, self.block_size)
         # A sequence never outgrows the pool: max_tokens=None stops here ("length").
-        self.max_seq_len = min(max_model_len, kv.pool.num_blocks * self.block_size + 1)
+        self.max_seq_len = self.limits.max_seq_len
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []          # sorted by arrival, oldest first
-        self._pending_forks: dict[Sequence, list[Sequence]] = {}
+        self.forks = PendingForks()
         self._arrival: dict[Sequence, int] = {}
         self._num_arrived = 0
         self._admitted: set[Sequence] = set()
@@ -68,21 +72,8 @@ class Scheduler:
         return params.max_tokens
 
     def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> None:
-        """ValueError for a request that could never finish, even alone in the pool."""
-        if num_prompt_tokens < 1:
-            raise ValueError("the prompt is empty")
-        if num_prompt_tokens >= self.max_model_len:
-            raise ValueError(f"the prompt has {num_prompt_tokens} tokens; it must be shorter than "
-                             f"max_model_len ({self.max_model_len})")
-        if params.max_tokens is not None and num_prompt_tokens + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({params.max_tokens}) "
-                             f"exceeds max_model_len ({self.max_model_len})")
-        # The last sampled token never needs KV.
-        num_kv_tokens = num_prompt_tokens + self.max_tokens(num_prompt_tokens, params) - 1
-        num_blocks = self.kv.num_blocks_needed(max(num_kv_tokens, num_prompt_tokens))
-        if num_blocks > self.kv.pool.num_blocks:
-            raise ValueError(f"the request needs {num_blocks} KV blocks but the pool has only "
-                             f"{self.kv.pool.num_blocks}; shorten the prompt or max_tokens")
+        """ValueError (AdmissionError) for a request that could never finish, even alone in the pool."""
+        allowed_max_tokens(self.limits, num_prompt_tokens, params.max_tokens)
 
     def add_request(self, seqs: list[Sequence]) -> None:
         """Queue one request's samples (seqs[i].sample_index == i)."""
@@ -91,8 +82,7 @@ class Scheduler:
             self._arrival[seq] = self._num_arrived
             self._num_arrived += 1
         self.waiting.append(seqs[0])
-        if len(seqs) > 1:
-            self._pending_forks[seqs[0]] = list(seqs[1:])
+        self.forks.add(seqs[0], seqs[1:])
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """End a sequence on any path (stop, length, abort) and free its blocks once."""
@@ -103,10 +93,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        for siblings in self._pending_forks.values():
-            if seq in siblings:
-                siblings.remove(seq)
-        pending = self._pending_forks.pop(seq, [])
+        self.forks.remove(seq)
+        pending = self.forks.take(seq)
         if status == SequenceStatus.FINISHED_ABORTED:
             for sibling in pending:
                 self.finish(sibling, status)
@@ -118,7 +106,7 @@ class Scheduler:
         self._admitted.discard(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting or self._pending_forks)
+        return bool(self.running or self.waiting or self.forks)
 
     @property
     def num_running(self) -> int:
@@ -126,7 +114,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + sum(len(s) for s in self._pending_forks.values())
+        return len(self.waiting) + len(self.forks)
 
     # ---- one step ----------------------------------------------------------------
 
@@ -207,7 +195,7 @@ class Scheduler:
                 continue                     # aborted while the step ran
             seq.num_computed_tokens += item.num_new_tokens
             self.kv.cache_blocks(seq)
-            if seq in self._pending_forks and seq.num_computed_tokens >= seq.num_prompt_tokens:
+            if self.forks.ready(seq):
                 self._fork_siblings(seq)
             if not sampled:
                 assert out is None, "the runner sampled a prefill chunk"
@@ -221,7 +209,7 @@ class Scheduler:
         return updates
 
     def _fork_siblings(self, parent: Sequence) -> None:
-        siblings = self._pending_forks.pop(parent)
+        siblings = self.forks.take(parent)
         for sibling in siblings:
             sibling.num_cached_tokens = self.kv.fork(parent, sibling)
             self._admitted.add(sibling)

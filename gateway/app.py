@@ -9,25 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import httpx
 from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from pagedkube.access_log import AccessLog
+from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
 from pagedkube.gateway.autoscaler.hold import HoldQueue
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
 from pagedkube.gateway.config import GatewayConfig
+from pagedkube.gateway.counting import CountResponses, outcome_of
 from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
-from pagedkube.gateway.errors import GatewayError, internal_error, no_endpoint, rate_limited, unauthorized
-from pagedkube.gateway.fast_path import FastPath
+from pagedkube.gateway.errors import (GatewayError, error_body, internal_error, no_endpoint, rate_limited,
+                                      route_error, unauthorized)
+from pagedkube.gateway.fast_path import PROXIED, FastPath
+from pagedkube.gateway.feed_metrics import CacheFeedAge
 from pagedkube.gateway.metrics import GatewayMetrics
+from pagedkube.gateway.openapi import install as install_openapi
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.picker import PrefixPicker
@@ -35,7 +44,10 @@ from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
 from pagedkube.gateway.routing.prefix_index import PrefixIndex
 from pagedkube.gateway.routing.ring import RingCache
 from pagedkube.gateway.routing.types import Picker
-from pagedkube.gateway.validation import parse_request, read_body
+from pagedkube.gateway.routing.types import RoutingInput
+from pagedkube.gateway.validation import ParsedRequest, parse_request
+from pagedkube.http_limits import BodyLimits
+from pagedkube.tracing import build_tracing
 
 log = logging.getLogger("pagedkube.gateway")
 
@@ -46,7 +58,7 @@ def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
         return RoundRobinPicker()
     if config.routing == "least-load":
         return LeastLoadPicker(rings)
-    return PrefixPicker(index, BoundedLoad(config.load_bound), rings)
+    return PrefixPicker(index, BoundedLoad(config.load_bound, config.load_floor), rings, config.affinity_depth)
 
 
 class Gateway:
@@ -69,8 +81,10 @@ class Gateway:
                               config.autoscale.max_held if config.autoscale else DEFAULT_MAX_HELD)
         self.scale_target = None   # pagedkube up sets its local engines here before start()
         self.autoscaler = None
+        self.tokenize_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
+        self.tokenize_pool = ThreadPoolExecutor(self.config.tokenize_workers, thread_name_prefix="tokenize")
         # Idle connections expire before uvicorn's 5 s keep-alive closes them on the
         # engine side, so the proxy rarely reuses a connection the engine is closing.
         # aiohttp sets TCP_NODELAY on its connections (headers and body may go in separate
@@ -97,6 +111,7 @@ class Gateway:
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
+        self.metrics.registry.register(CacheFeedAge(self.watcher))
         if self.static_urls:
             self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
         elif self.config.kube_service:
@@ -119,6 +134,8 @@ class Gateway:
             await self.client.close()
         if getattr(self, "control", None) is not None:
             await self.control.aclose()
+        if self.tokenize_pool is not None:
+            self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     def authenticate(self, request: Request, rate_limit: bool = True) -> tuple[str | None, str | None]:
         """(key name, cache salt) for this request; raises 401/429."""
@@ -134,28 +151,39 @@ class Gateway:
 
     async def handle(self, request: Request, path: str) -> Response:
         started = time.monotonic()
-        model_label = "unknown"
+        outcome = outcome_of(request.scope)
         try:
             _, tenant_salt = self.authenticate(request)
-            raw = await read_body(request.stream(), request.headers.get("content-length"),
-                                  self.config.max_body_bytes)
+            raw = await request.body()   # size and read deadline: BodyLimits, in front of the app
             known = self.watcher.known_models()
             parsed = parse_request(path, raw, known)
-            model_label = parsed.model if parsed.model and known and parsed.model in known else "unknown"
+            if parsed.model and known and parsed.model in known:
+                outcome.model = parsed.model
             salt = tenant_salt if tenant_salt is not None else parsed.body.get("cache_salt")
-            routing_input = self.watcher.hasher.routing_input(parsed.kind, parsed.body, salt)
+            routing_input = await self.routing_input(parsed, salt)
             routable = await self.hold.routable()
             if not routable:
                 raise no_endpoint()
         except GatewayError as e:
-            self.metrics.requests.labels(model_label, str(e.status)).inc()
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
         self.metrics.routing_decisions.labels(decision.reason).inc()
+        note_route(request.scope, decision, outcome.model)
         if decision.predicted_cached_tokens:
             self.metrics.predicted_cached_tokens.inc(decision.predicted_cached_tokens)
         body = parsed.forward_body(tenant_salt)
-        return await self.proxy.forward(request, path, body, decision, model_label, started)
+        return await self.proxy.forward(request, path, body, decision, outcome, started)
+
+    async def routing_input(self, parsed: ParsedRequest, salt: str | None) -> RoutingInput:
+        """Renders, tokenizes and hashes the prompt. A small body is done here, on the
+        event loop, with the hasher's caches (a thread hop would cost more than the
+        work); a large one goes to the bounded tokenize pool, uncached, so /health and
+        running streams keep flowing while a multi-megabyte prompt is worked through."""
+        hasher = self.watcher.hasher
+        if len(parsed.raw) <= self.config.inline_tokenize_bytes:
+            return hasher.routing_input(parsed.kind, parsed.body, salt)
+        work = functools.partial(hasher.routing_input, parsed.kind, parsed.body, salt, cached=False)
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, work)
 
     async def merged_models(self) -> dict:
         urls = self.endpoints.routable()
@@ -175,8 +203,17 @@ class Gateway:
         return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
 
 
-def create_app(config: GatewayConfig) -> FastPath:
+def create_app(config: GatewayConfig) -> CountResponses:
+    """The gateway's ASGI app, outermost first:
+
+        CountResponses       every response counted (gateway/counting.py)
+        AccessLogMiddleware  x-request-id, one access-log line and span per request (gateway/access_log.py)
+        BodyLimits           413 / 408 before anything reads the body (pagedkube/http_limits.py)
+        FastPath             the two proxied routes (gateway/fast_path.py)
+        FastAPI              /v1/models, /health, /ready, /metrics; 404 / 405 for the rest
+    """
     gateway = Gateway(config)
+    tracing = build_tracing("pagedkube-gateway", config.observability.otlp_traces_endpoint)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -185,6 +222,8 @@ def create_app(config: GatewayConfig) -> FastPath:
             yield
         finally:
             await gateway.stop()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
@@ -193,6 +232,18 @@ def create_app(config: GatewayConfig) -> FastPath:
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unhandled error")
         return internal_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # Starlette's router raises these for unknown paths (404) and methods (405);
+        # answer them in OpenAI's shape, as every other error.
+        if exc.status_code == 404:
+            message = f"Unknown route {request.method} {request.url.path}."
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}."
+        else:
+            message = str(exc.detail)
+        return route_error(exc.status_code, message, dict(exc.headers or {})).response()
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -218,4 +269,10 @@ def create_app(config: GatewayConfig) -> FastPath:
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return FastPath(app, gateway.handle)
+    install_openapi(app, lambda: gateway.watcher.known_models() if gateway.watcher else None)
+    limited = BodyLimits(FastPath(app, gateway.handle), max_bytes=config.max_body_bytes,
+                         read_timeout_s=config.body_read_timeout, error=error_body)
+    logged = AccessLogMiddleware(limited, AccessLog(ACCESS_LOGGER, config.observability.access_log), tracing, PROXIED)
+    counted = CountResponses(logged, gateway.metrics)
+    counted.state = app.state   # callers (pagedkube up, tests) reach the Gateway as app.state.gateway
+    return counted

@@ -1,23 +1,38 @@
 """OpenAI-shaped error bodies: {"error": {"message", "type", "param", "code"}}, with
-the `type` strings OpenAI's API (and our engine server, engine/server/errors.py) uses."""
+the `type` strings OpenAI's API (and our engine server, engine/server/errors.py) uses.
+`code` is a string or null, as OpenAI's and the engine's are (never the status number)."""
 from __future__ import annotations
 
 import json
 
 from starlette.responses import Response
 
+# HTTP status -> OpenAI error type, as engine/server/errors.py ERROR_TYPES (the gateway
+# must import without the engine, so the few it answers itself are repeated here).
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
+
+
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    """The JSON object of an error answer; also BodyLimits' `error` callable."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
 
 class GatewayError(Exception):
     """An error the gateway answers itself, without an engine."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",  # noqa: A002
-                 param: str | None = None, code: str | int | None = None, headers: dict | None = None):
+    def __init__(self, status: int, message: str, type: str | None = None,  # noqa: A002
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
         super().__init__(message)
+        assert code is None or isinstance(code, str), code
         self.status = status
         self.message = message
-        self.type = type
+        self.type = type or error_type(status)
         self.param = param
-        self.code = code if code is not None else status
+        self.code = code
         self.headers = headers or {}
 
     def body(self) -> dict:
@@ -42,18 +57,13 @@ def model_not_found(model: str) -> GatewayError:
     return GatewayError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model", "model_not_found")
 
 
-def body_too_large(limit: int) -> GatewayError:
-    return GatewayError(413, f"Request body is larger than the gateway's limit of {limit} bytes.",
-                        "invalid_request_error", None, 413)
-
-
 def rate_limited(name: str, retry_after: str) -> GatewayError:
     return GatewayError(429, f"Rate limit reached for key '{name}'; retry after {retry_after} s.",
-                        "rate_limit_exceeded", None, 429, headers={"Retry-After": retry_after})
+                        "rate_limit_exceeded", None, "rate_limit_exceeded", headers={"Retry-After": retry_after})
 
 
 def no_endpoint() -> GatewayError:
-    return GatewayError(503, "No engine is ready to serve this request.", "service_unavailable", None, 503)
+    return GatewayError(503, "No engine is ready to serve this request.", "service_unavailable")
 
 
 def internal_error(exc: Exception) -> GatewayError:
@@ -62,8 +72,18 @@ def internal_error(exc: Exception) -> GatewayError:
 
 
 def upstream_unreachable(detail: str) -> GatewayError:
-    return GatewayError(502, f"Could not reach an engine: {detail}", "server_error", None, 502)
+    return GatewayError(502, f"Could not reach an engine: {detail}", "server_error")
 
 
 def upstream_timeout(seconds: float) -> GatewayError:
-    return GatewayError(504, f"The engine did not answer within {seconds:g} s.", "server_error", None, 504)
+    return GatewayError(504, f"The engine did not answer within {seconds:g} s.", "server_error")
+
+
+def stream_broken(detail: str) -> GatewayError:
+    """Sent as the last event of a stream whose engine failed after the first byte."""
+    return GatewayError(502, f"The engine failed mid-stream: {detail}; the answer is incomplete.", "server_error")
+
+
+def route_error(status: int, message: str, headers: dict | None = None) -> GatewayError:
+    """404 / 405 for paths and methods the gateway does not serve."""
+    return GatewayError(status, message, headers=headers)

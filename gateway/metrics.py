@@ -42,6 +42,8 @@ class GatewayMetrics:
         self.realized_cached_tokens = Counter(p + "realized_cached_tokens",
                                               "Prompt tokens the engines served from cache (usage.prompt_tokens_details)",
                                               registry=r)
+        self.stream_errors = Counter(p + "stream_errors", "Streams that failed after their first byte and ended "
+                                     "with an error event, by cause (broken, timeout, eof)", ["cause"], registry=r)
         self.retries = Counter(p + "upstream_retries", "Attempts moved to the next engine", ["cause"], registry=r)
         self.endpoints = Gauge(p + "endpoints", "Engine endpoints by state", ["state"], registry=r)
         self.endpoint_in_flight = Gauge(p + "endpoint_in_flight", "Requests this gateway has open per endpoint",
@@ -78,11 +80,14 @@ def cached_tokens_of(usage: object) -> int | None:
 
 class SSEUsageScanner:
     """Finds the usage chunk in an SSE stream as it passes through, without
-    changing it: only complete `data:` lines that mention cached_tokens are parsed."""
+    changing it: only complete `data:` lines that mention cached_tokens are parsed.
+    Also notes whether the stream said `data: [DONE]` or sent an error event."""
 
     def __init__(self) -> None:
         self._tail = b""
         self.cached_tokens: int | None = None
+        self.done = False
+        self.error = False
 
     def feed(self, chunk: bytes) -> None:
         data = self._tail + chunk
@@ -91,6 +96,12 @@ class SSEUsageScanner:
         if len(self._tail) > 1 << 20:  # no newline for 1 MiB: not SSE we can read
             self._tail = b""
         for line in lines:
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                elif payload.startswith(b'{"error"'):
+                    self.error = True
             if b"cached_tokens" in line and line.startswith(b"data:"):
                 try:
                     event = json.loads(line[5:].strip())

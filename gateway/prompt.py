@@ -25,27 +25,26 @@ never to an error.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from typing import Any
 
 from pagedkube import hashing
+from pagedkube.gateway.routing import keys
 from pagedkube.gateway.routing.types import RoutingInput
 from pagedkube.piece_cache import CachedEncoder
 from pagedkube.tokenizer import Tokenizer
 
-DEFAULT_RING_KEY_BLOCKS = 16
+DEFAULT_RING_KEY_BLOCKS = keys.DEFAULT_RING_KEY_BLOCKS
 _FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
 DEFAULT_HEAD_CACHE = 4096  # heads (conversation up to the first user message) whose tokens are kept
-
-
-def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
-    return hashlib.sha256(tag + b"\0" + hashing.salt_bytes(salt) + b"\0" + payload).digest()
-
-
-def _tokens_bytes(token_ids: list[int]) -> bytes:
-    return b"".join(t.to_bytes(4, "little") for t in token_ids)
+_TOKEN_ID_END = 1 << 32    # block hashes encode ids as u32 (pagedkube/hashing.py)
+# Head ids from a text prefix (PromptHasher._encode_head): 64 Ki characters, or 16 per
+# token of the key where that is more (English runs ~4 characters a token), used when
+# it yields the key's tokens plus 64 more (no word near the cut reaches the key).
+_HEAD_PREFIX_CHARS = 64 * 1024
+_CHARS_PER_TOKEN_BOUND = 16
+_HEAD_MARGIN_TOKENS = 64
 
 
 def _content_text(content: Any) -> str:
@@ -115,34 +114,27 @@ class PromptHasher:
 
     def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
-        return RoutingInput(ring_key=_digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
+        return RoutingInput(ring_key=keys.digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
                             tokenized=False)
 
-    def routing_input(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
+    def routing_input(self, kind: str, body: dict, cache_salt: str | None, cached: bool = True) -> RoutingInput:
+        """`cached=False` skips the piece and head caches and so touches no shared
+        state: that call may run in a worker thread while the event loop runs
+        cached ones (the Rust tokenizer and a compiled jinja template are safe
+        to share between threads; the caches are not)."""
         if self.tokenizer is None:
             return self.fallback(kind, body, cache_salt)
         try:
-            token_ids, key_ids = self._tokenize(kind, body)
+            token_ids, key_ids = self._tokenize(kind, body, cached)
         except Exception:  # a template or tokenizer error routes, it does not fail the request
             return self.fallback(kind, body, cache_salt)
         if not token_ids:
             return self.fallback(kind, body, cache_salt)
-        hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
-        head = token_ids if key_ids is None else key_ids
-        key_blocks = min(len(head) // self.block_size, self.ring_key_blocks)
-        if key_blocks and (key_ids is None or token_ids[:key_blocks * self.block_size]
-                           == head[:key_blocks * self.block_size]):
-            key = hashes[key_blocks - 1]  # the head starts the prompt: its chained hash is there already
-        elif key_blocks:
-            key = hashing.block_hashes(head[:key_blocks * self.block_size], self.block_size, seed=self.seed,
-                                       cache_salt=cache_salt)[-1]
-        else:
-            key = _digest(b"short", cache_salt, _tokens_bytes(head))
-        return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),
-                            block_size=self.block_size)
+        return keys.routing_input(token_ids, key_ids, block_size=self.block_size, seed=self.seed,
+                                  ring_key_blocks=self.ring_key_blocks, cache_salt=cache_salt)
 
-    def _tokenize(self, kind: str, body: dict) -> tuple[list[int], list[int] | None]:
-        tok = self.encoder
+    def _tokenize(self, kind: str, body: dict, cached: bool) -> tuple[list[int], list[int] | None]:
+        tok = self.encoder if cached else self.tokenizer
         assert tok is not None
         if kind == "chat":
             messages = template_messages(body["messages"])
@@ -152,27 +144,46 @@ class PromptHasher:
             first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
             head = messages[:first_user + 1]
             # Rendered without the generation prompt, so turn 1 and turn 5 agree.
-            return token_ids, self._head_ids(head, kwargs)
+            return token_ids, self._head_ids(head, kwargs, cached)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch of prompts routes by its first
         if isinstance(prompt, str):
             return tok.encode(prompt, add_special_tokens=body.get("add_special_tokens", True) is not False), None
-        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < _TOKEN_ID_END
+                                            for t in prompt):
             return list(prompt), None
-        return [], None
+        return [], None   # not a prompt the hashes can encode (the engine answers it 400): the ring on raw text
 
-    def _head_ids(self, head: list[dict], kwargs: dict) -> list[int]:
+    def _head_ids(self, head: list[dict], kwargs: dict, cached: bool = True) -> list[int]:
+        if not cached:
+            return self._encode_head(self.tokenizer, head, kwargs)
         key = (tuple((m["role"], m["content"], m.get("name")) for m in head),
                json.dumps(kwargs, sort_keys=True, default=str) if kwargs else "")
         ids = self._heads.get(key)
         if ids is not None:
             self._heads.move_to_end(key)
             return ids
-        assert self.encoder is not None
-        ids = self.encoder.encode_chat(head, add_generation_prompt=False, **kwargs)
+        ids = self._encode_head(self.encoder, head, kwargs)
         if self.head_cache > 0:
             self._heads[key] = ids
             if len(self._heads) > self.head_cache:
                 self._heads.popitem(last=False)
         return ids
+
+    def _encode_head(self, tok: CachedEncoder | Tokenizer | None, head: list[dict], kwargs: dict) -> list[int]:
+        """The head's first ring_key_blocks blocks of ids are all the key needs. A long
+        head (a first message of megabytes) is encoded from a prefix of its text long
+        enough to give those ids and a margin: BPE cuts text into words first, so ids
+        far from the cut do not depend on where it falls. Either way the same head
+        gives the same ids, whichever path (cached or not) encodes it."""
+        assert tok is not None
+        text = tok.tokenizer.render_chat(head, False, **kwargs) if isinstance(tok, CachedEncoder) \
+            else tok.render_chat(head, False, **kwargs)
+        needed = self.ring_key_blocks * self.block_size
+        prefix = max(_HEAD_PREFIX_CHARS, needed * _CHARS_PER_TOKEN_BOUND)
+        if len(text) > prefix:
+            ids = tok.encode(text[:prefix], add_special_tokens=False)
+            if len(ids) >= needed + _HEAD_MARGIN_TOKENS:
+                return ids[:needed]
+        return tok.encode(text, add_special_tokens=False)

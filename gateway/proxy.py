@@ -5,10 +5,23 @@
   passive-health ejection (a 503, an engine shedding load, does not).
 * The response passes through unchanged: status, body bytes (streamed as they
   come for SSE), headers less hop-by-hop ones, plus x-pagedkube-endpoint and
-  x-pagedkube-route.
+  x-pagedkube-route when `route_headers` is on (off by default: they show
+  internal addresses to every client).
+* A stream is committed once its headers go out, so a failure after that
+  (the engine died, the connection broke, no byte within the upstream
+  timeout, or the stream ended without `data: [DONE]`) cannot be retried: the
+  stream ends with an OpenAI-style error event, `data: {"error": {...}}`, and
+  no `[DONE]`, so clients (the official `openai` one raises APIError) never
+  take a truncated answer for a whole one. SSE events are passed on whole
+  (the bytes after the last blank line wait for the rest of their event), so
+  the error event never lands inside a half-sent one. It is counted as a 502
+  in requests_total and in `stream_errors_total{cause}`.
 * A client that disconnects cancels the upstream request: while waiting for
   the engine we race its answer against the client's http.disconnect; while
   streaming, Starlette stops the body iterator and we close the upstream.
+
+Every response is counted once by gateway/counting.py; this module only fills
+in the request's Outcome.
 
 The upstream client is aiohttp, not httpx: per request it costs a fraction of
 httpx's (the gateway's overhead was mostly the proxy hop).
@@ -25,8 +38,9 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from pagedkube.gateway.counting import Outcome
 from pagedkube.gateway.endpoints import EndpointSet
-from pagedkube.gateway.errors import GatewayError, upstream_timeout, upstream_unreachable
+from pagedkube.gateway.errors import GatewayError, stream_broken, upstream_timeout, upstream_unreachable
 from pagedkube.gateway.metrics import GatewayMetrics, SSEUsageScanner, cached_tokens_of
 from pagedkube.gateway.routing.types import Decision
 
@@ -47,7 +61,7 @@ class ProxyOptions:
     max_attempts: int = 3
     upstream_timeout: float = 600.0
     strip_authorization: bool = False
-    route_headers: bool = True
+    route_headers: bool = False   # x-pagedkube-endpoint / -route (GatewayConfig.route_headers)
     engine_authorization: str | None = None   # replaces the client's Authorization upstream
 
 
@@ -99,17 +113,17 @@ class Proxy:
         return headers
 
     async def forward(self, request: Request, path: str, body: bytes, decision: Decision,
-                      model_label: str, started: float) -> Response:
+                      outcome: Outcome, started: float) -> Response:
         # One watcher for the client's http.disconnect for the whole wait (all
         # attempts and a non-streamed body); a streamed body is Starlette's to watch.
         watcher = asyncio.ensure_future(_until_disconnect(request.receive))
         try:
-            return await self._forward(request, watcher, path, body, decision, model_label, started)
+            return await self._forward(request, watcher, path, body, decision, outcome, started)
         finally:
             watcher.cancel()
 
     async def _forward(self, request: Request, watcher: asyncio.Future, path: str, body: bytes,
-                       decision: Decision, model_label: str, started: float) -> Response:
+                       decision: Decision, outcome: Outcome, started: float) -> Response:
         headers = self._request_headers(request)
         last: GatewayError | Response | None = None
         for attempt, url in enumerate(decision.endpoints[:self.options.max_attempts]):
@@ -118,7 +132,6 @@ class Proxy:
                 upstream = await _race_disconnect(watcher, self.client.post(url + path, data=body, headers=headers))
             except ClientGone:
                 self.endpoints.release(url)
-                self._count(model_label, 499, started)
                 return Response(status_code=499)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
                 self.endpoints.release(url)
@@ -129,7 +142,7 @@ class Proxy:
             except asyncio.TimeoutError:
                 self.endpoints.release(url)
                 self.endpoints.report_failure(url)
-                return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
+                return upstream_timeout(self.options.upstream_timeout).response()
             except aiohttp.ClientError as e:
                 # The connection broke before any response byte (e.g. the engine closed
                 # a kept-alive connection as we reused it, or died mid-request): the
@@ -154,28 +167,25 @@ class Proxy:
             self.endpoints.report_success(url)
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
                 watcher.cancel()
-                return self._stream(upstream, url, decision, model_label, started)
-            return await self._whole(watcher, upstream, url, decision, model_label, started)
+                return self._stream(upstream, url, decision, outcome, started)
+            return await self._whole(watcher, upstream, url, decision)
         if isinstance(last, Response):
-            self._count(model_label, last.status_code, started)
             return last
-        return self._error(last or upstream_unreachable("no endpoint"), model_label, started)
+        return (last or upstream_unreachable("no endpoint")).response()
 
-    async def _whole(self, watcher: asyncio.Future, upstream: aiohttp.ClientResponse, url: str, decision: Decision,
-                     model_label: str, started: float) -> Response:
+    async def _whole(self, watcher: asyncio.Future, upstream: aiohttp.ClientResponse, url: str,
+                     decision: Decision) -> Response:
         try:
             content = await _race_disconnect(watcher, upstream.read())
         except ClientGone:
             upstream.close()
-            self._count(model_label, 499, started)
             return Response(status_code=499)
         except asyncio.TimeoutError:
             upstream.close()
-            return self._error(upstream_timeout(self.options.upstream_timeout), model_label, started)
+            return upstream_timeout(self.options.upstream_timeout).response()
         except aiohttp.ClientError as e:  # broke off mid-body: too late to retry (the engine did the work)
             upstream.close()
-            return self._error(upstream_unreachable(f"{url}: {type(e).__name__} while reading the answer"),
-                               model_label, started)
+            return upstream_unreachable(f"{url}: {type(e).__name__} while reading the answer").response()
         finally:
             upstream.release()  # back to the pool if read to the end, else closed
             self.endpoints.release(url)
@@ -186,25 +196,49 @@ class Proxy:
                 cached = None
             if cached:
                 self.metrics.realized_cached_tokens.inc(cached)
-        self._count(model_label, upstream.status, started)
         return Response(content, upstream.status, self._response_headers(upstream, url, decision))
 
-    def _stream(self, upstream: aiohttp.ClientResponse, url: str, decision: Decision, model_label: str,
+    def _stream(self, upstream: aiohttp.ClientResponse, url: str, decision: Decision, outcome: Outcome,
                 started: float) -> Response:
         scanner = SSEUsageScanner()
-        state = {"done": False, "code": upstream.status}
+        state = {"done": False}
+        model = outcome.model
 
         async def body():
             first = True
+            tail = b""   # the bytes after the last blank line: an event still arriving
+            failure: str | None = None
             try:
                 async for chunk in upstream.content.iter_any():
                     if first:
-                        self.metrics.ttft.labels(model_label).observe(time.monotonic() - started)
+                        self.metrics.ttft.labels(model).observe(time.monotonic() - started)
                         first = False
                     scanner.feed(chunk)
-                    yield chunk
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                state["code"] = 502  # the engine broke off mid-stream; the client sees a cut stream
+                    tail += chunk
+                    end = _events_end(tail)
+                    if end:
+                        out, tail = tail[:end], tail[end:]
+                        yield out
+            except asyncio.TimeoutError:   # before ClientError: aiohttp's read timeout is both
+                failure = "timeout"
+            except aiohttp.ClientError as e:
+                failure = "broken"
+                detail = f"{type(e).__name__} from {url}"
+            else:
+                if scanner.done or scanner.error:
+                    if tail:
+                        yield tail   # the stream's last bytes: nothing follows them
+                else:
+                    failure = "eof"   # a clean close without [DONE]: the tail, if any, is half an event
+            if failure is None:
+                return
+            outcome.code = 502
+            self.metrics.stream_errors.labels(failure).inc()
+            if failure == "timeout":
+                detail = f"no byte from {url} within {self.options.upstream_timeout:g} s"
+            elif failure == "eof":
+                detail = f"{url} ended the stream without [DONE]"
+            yield f"data: {json.dumps(stream_broken(detail).body())}\n\n".encode()
 
         async def cleanup() -> None:
             if state["done"]:
@@ -217,18 +251,20 @@ class Proxy:
             self.endpoints.release(url)
             if scanner.cached_tokens:
                 self.metrics.realized_cached_tokens.inc(scanner.cached_tokens)
-            self._count(model_label, state["code"], started)
 
         return _CleanupStreamingResponse(body(), cleanup, status_code=upstream.status,
                                          headers=self._response_headers(upstream, url, decision))
 
-    def _count(self, model_label: str, code: int, started: float) -> None:
-        self.metrics.requests.labels(model_label, str(code)).inc()
-        self.metrics.request_duration.labels(model_label).observe(time.monotonic() - started)
 
-    def _error(self, error: GatewayError, model_label: str, started: float) -> Response:
-        self._count(model_label, error.status, started)
-        return error.response()
+def _events_end(buf: bytes) -> int:
+    """The index just past the last blank line in `buf` (the end of its last whole SSE
+    event), or 0. A blank line is two line ends in a row: LF, CRLF or CR (the SSE spec)."""
+    end = 0
+    for blank in (b"\n\n", b"\n\r\n", b"\r\r"):
+        at = buf.rfind(blank)
+        if at >= 0:
+            end = max(end, at + len(blank))
+    return end
 
 
 class _CleanupStreamingResponse(StreamingResponse):

@@ -1,20 +1,18 @@
 """Reads and checks a request body before any engine sees it.
 
+The body's size and read deadline are checked before this, by
+pagedkube.http_limits.BodyLimits in front of the whole app (413 / 408).
 The gateway checks only what it needs to route and what it can answer alone
-(size, JSON, the model name, the fields it reads); the engine validates the
+(JSON, the model name, the fields it reads); the engine validates the
 rest and its 400s pass through unchanged.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator, Container
+from typing import Container
 
-from pagedkube.gateway.errors import bad_request, body_too_large, model_not_found
-
-# vLLM's and OpenAI's servers take bodies of tens of MB; 8 MiB is ~2M tokens
-# of text, beyond any context this project serves.
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+from pagedkube.gateway.errors import bad_request, model_not_found
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
@@ -36,22 +34,6 @@ class ParsedRequest:
         return json.dumps(body).encode()
 
 
-async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, limit: int) -> bytes:
-    if content_length is not None:
-        try:
-            if int(content_length) > limit:
-                raise body_too_large(limit)
-        except ValueError:
-            raise bad_request("invalid Content-Length header") from None
-    parts, size = [], 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def parse_request(path: str, raw: bytes, known_models: Container[str] | None) -> ParsedRequest:
     """`known_models`: the models the engines serve, or None while unknown
     (then any model name is forwarded and the engine decides)."""
@@ -60,6 +42,8 @@ def parse_request(path: str, raw: bytes, known_models: Container[str] | None) ->
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"request body is not valid JSON: {e}") from None
+    except RecursionError:   # the C parser's depth guard: [[[[...]]]] thousands deep
+        raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
     model = body.get("model")

@@ -206,7 +206,7 @@ MODEL_CARD = """\
 A {params:,}-parameter Qwen2 model ({num_hidden_layers} layers, hidden {hidden_size}, \
 {num_attention_heads} query / {num_key_value_heads} KV heads, tied embeddings, float32) with a \
 {vocab}-token byte-level BPE tokenizer and a ChatML chat template. It exists so that pagedkube runs
-on a laptop CPU with no download (`LLM()` / `pagedkube serve` with no `--model`).
+on a laptop CPU with no download (`LLM("builtin://tiny")` / `pagedkube serve --model builtin://tiny`).
 
 It is a toy. It was trained for {steps} steps on a few hundred short pet-care conversations (dog
 training, behaviour, health, feeding, grooming, puppies, senior dogs, when to see a vet) that the

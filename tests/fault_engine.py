@@ -9,12 +9,12 @@ from pagedkube.engine.config import EngineConfig
 FAIL_MARK = "<<fail-the-step>>"
 
 
-def faulty_engine():
+def faulty_engine(kv_event_sink=None):
     from pagedkube.engine.llm_engine import LLMEngine
 
     class FaultyEngine(LLMEngine):
-        def step(self):
+        def step_deltas(self):
             if any(FAIL_MARK in (state.params.stop or []) for state in self._requests.values()):
                 raise RuntimeError("injected fault")
-            return super().step()
-    return FaultyEngine(EngineConfig(device="cpu", max_model_len=256, num_kv_blocks=64))
+            return super().step_deltas()
+    return FaultyEngine(EngineConfig(model="builtin://tiny", device="cpu", max_model_len=256, num_kv_blocks=64), kv_event_sink=kv_event_sink)

@@ -4,12 +4,12 @@ from pagedkube.engine import LLM, SamplingParams
 
 
 def test_generate_prints_the_greedy_completion(capsys):
-    assert main(["generate", "--prompt", "Hello there", "--max-tokens", "5", "--device", "cpu"]) == 0
+    assert main(["generate", "--model", "builtin://tiny", "--prompt", "Hello there", "--max-tokens", "5", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
-    expected = LLM(device="cpu").generate("Hello there", SamplingParams(temperature=0, max_tokens=5))[0]
+    expected = LLM("builtin://tiny", device="cpu").generate("Hello there", SamplingParams(temperature=0, max_tokens=5))[0]
     assert printed == expected.outputs[0].text + "\n"
 
 
 def test_generate_bad_flag_value_is_a_clear_error(capsys):
-    assert main(["generate", "--prompt", "Hi", "--max-tokens", "0", "--device", "cpu"]) == 2
+    assert main(["generate", "--model", "builtin://tiny", "--prompt", "Hi", "--max-tokens", "0", "--device", "cpu"]) == 2
     assert "max_tokens must be an integer >= 1" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def model_dir(request, tmp_path_factory):
 
 
 def make_runner(path, **overrides) -> ModelRunner:
-    kw = dict(model=None if path is None else str(path), device="cpu", attention_backend="torch", block_size=BLOCK_SIZE,
+    kw = dict(model="builtin://tiny" if path is None else str(path), device="cpu", attention_backend="torch", block_size=BLOCK_SIZE,
               num_kv_blocks=NUM_BLOCKS, max_num_seqs=4)
     return ModelRunner(EngineConfig(**{**kw, **overrides}))
 

@@ -257,7 +257,8 @@ def test_idle_scheduler_releases_waiting_siblings_blocks_instead_of_stalling():
     step(sched, runner)                       # parent prefills, forks child, finishes
     assert parent.status == SequenceStatus.FINISHED_LENGTH and child.block_table == [0, 1]
     (big,) = add(sched, "big", range(100, 112), max_tokens=1)    # 3 blocks; only 2 are free
-    sched.waiting.rotate(1)                   # put it ahead of the sibling: nothing is running
+    sched.waiting.remove(big)                 # put it ahead of the sibling: nothing is running
+    sched.waiting.appendleft(big)
     assert list(sched.waiting) == [big, child] and kv.num_free_blocks == 2
     plan, _ = step(sched, runner)
     assert plan[0] == ("big", 0, 12) and child.block_table == [] and child.num_computed_tokens == 0

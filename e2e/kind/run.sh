@@ -45,17 +45,17 @@ kind load docker-image --name "$name" "ghcr.io/pagedkube/engine:$version" "ghcr.
 "$helm" --kubeconfig "$kubeconfig" upgrade --install pagedkube "$root/charts/pagedkube" \
   -n pagedkube-system --create-namespace --wait --timeout 5m
 k apply -f "$root/manifests/examples/llmservice.yaml"
-k wait --for=condition=Ready llms/tiny --timeout 10m
-k get llms tiny
+k wait --for=condition=Ready llms/smollm2 --timeout 10m
+k get llms smollm2
 
-k port-forward svc/tiny "$port:80" >&2 &
+k port-forward svc/smollm2 "$port:80" >&2 &
 pf=$!
 for _ in $(seq 60); do
   curl -fsS "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
   sleep 1
 done
 reply="$(curl -fsS "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}')"
+  -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}')"
 echo "$reply"
 "$python" -c 'import json, sys; r = json.loads(sys.argv[1]); assert r["object"] == "chat.completion" and r["choices"][0]["message"]["content"] is not None, r' "$reply"
 log "chat completion through the gateway: ok"

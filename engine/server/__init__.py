@@ -3,11 +3,12 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
 
     config.py         ServerConfig
     app.py            create_app(config) -> FastAPI; health, ready, metrics, API key
-    core_client.py    the engine-core process's HTTP-side client (the default)
-    engine_core.py    the engine-core process: owns the LLMEngine, sends per-step deltas
-    async_engine.py   the engine in a thread of the HTTP process (--engine-in-process)
-    streams.py        per-request output streams (engine thread -> event loop)
-    protocol.py       request bodies (pydantic, unknown fields rejected)
+    engine_client.py  EngineClient, the protocol the server depends on; EngineInfo
+    core_client.py    EngineCoreClient: drives the engine core over a pipe (two threads)
+    engine_core.py    the engine core (own process, or a thread): owns the LLMEngine
+    core_messages.py  the typed messages between the two (RequestDelta per step)
+    streams.py        per-request output streams (on the event loop)
+    protocol.py       request bodies (pydantic; vLLM's extension fields, unknown ones ignored)
     serving.py        tokenize, validate, submit, collect; abort on disconnect
     responses.py      OpenAI response and stream-chunk shapes
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize

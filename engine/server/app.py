@@ -2,13 +2,15 @@
 
 Everything an app needs lives on `app.state.server` (a ServerState), built here
 and filled in by the lifespan once the engine is up; two apps in one process
-share nothing. The engine is built and stepped in its own process
-(core_client.py + engine_core.py; or in a thread with --engine-in-process,
-async_engine.py) during start-up, so the server answers only once the model is loaded.
+share nothing. The engine is built and stepped by the engine core in its own
+process (engine_core.py, driven through core_client.py; in a thread with
+--engine-in-process) during start-up, so the server answers only once the model
+is loaded.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hmac
 import logging
@@ -17,26 +19,33 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pagedkube.engine.server.async_engine import AsyncEngine
+from pagedkube.access_log import AccessLog
+from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.core_client import EngineCoreClient
 from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
+from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.http_limits import BodyLimits
+from pagedkube.tracing import build_tracing
 
 logger = logging.getLogger(__name__)
 
 # Reachable without the API key: probes and scrapes (as vLLM leaves them open).
 OPEN_PATHS = ("/health", "/ready", "/metrics")
+# Threads that tokenize huge prompts (serving.prepare). Two: on a 2-core node one can
+# tokenize while the engine core steps; more would only queue on the same cores.
+PREPARE_WORKERS = 2
 
 
-def build_engine(engine_config: Any) -> Any:
+def build_engine(engine_config: Any, kv_event_sink: Any = None) -> Any:
     from pagedkube.engine.llm_engine import LLMEngine
-    return LLMEngine(engine_config)
+    return LLMEngine(engine_config, kv_event_sink=kv_event_sink)
 
 
 def default_engine_factory(config: ServerConfig) -> Callable[[], Any]:
@@ -66,10 +75,13 @@ class APIKeyMiddleware:
 
 def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> FastAPI:
     factory = engine_factory or default_engine_factory(config)
+    state = ServerState(config=config, engine=None)
+    state.workers = concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare")
     # The engine steps in its own process by default (no GIL shared with the HTTP event
-    # loop); --engine-in-process keeps it in a thread of this one, for debugging.
-    engine = AsyncEngine(factory) if config.engine_in_process else EngineCoreClient(factory)
-    state = ServerState(config=config, engine=engine)
+    # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
+    state.engine = EngineCoreClient(factory, in_process=config.engine_in_process,
+                                    heartbeat_timeout=config.heartbeat_timeout, on_fatal=state.fatal)
+    tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -87,20 +99,35 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
             yield
         finally:
             await asyncio.to_thread(state.engine.shutdown)
+            state.workers.shutdown(wait=False, cancel_futures=True)
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
+    # Middleware added later wraps what was added before. From the outside in: every
+    # response counted; one access-log line (and span) per request with its x-request-id;
+    # the API key checked before a byte of body is read; the body's size and read
+    # deadline bounded before the app parses it.
+    app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes, read_timeout_s=config.body_read_timeout,
+                       error=lambda status, message, code: error_body(status, message, code=code))
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(EngineAccessMiddleware, access_log=AccessLog(ACCESS_LOGGER, config.observability.access_log),
+                       tracing=tracing)
+    http_registry = CollectorRegistry()
+    app.add_middleware(CountHTTPResponses, registry=http_registry)
     app.include_router(openai_router)
     app.include_router(cache_router)
 
     @app.get("/health")
     async def health() -> Response:
-        """Liveness: the engine thread runs and its steps succeed."""
+        """Liveness: the engine core runs, answers within its heartbeat timeout, and its steps succeed."""
         if state.info is not None and not (state.engine.running and state.engine.healthy):
-            return JSONResponse(error_body(500, "the engine loop is not running"), status_code=500)
+            reason = "is not running" if not state.engine.running else "is not responding or its steps fail"
+            return JSONResponse(error_body(500, f"the engine core {reason}", code="engine_unhealthy"),
+                                status_code=500)
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
@@ -116,6 +143,6 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     async def metrics() -> Response:
         if state.metrics is None:
             raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(state.metrics.render() + generate_latest(http_registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -7,10 +7,9 @@
                                       SEQ exists, S seconds pass or the server drains
     GET /v1/cache/tokenizer           the tokenizer files, so a router tokenizes as we do
 
-Handlers read `state.info.kv_events` directly: with the engine-core process that is
-the HTTP process's mirror of the core's KVEventLog (same engine_id and sequence
-numbers, fed with every step message); with --engine-in-process it is the engine's
-own log (thread-safe, it takes its own lock).
+Handlers read `state.info.kv_events` directly: the one KVEventLog, kept in the HTTP
+process and fed with the events of every step message from the engine core (the
+core keeps none).
 
 A long-poll lets a gateway learn of new blocks within a round trip instead of a
 polling interval: a chat's next turn, sent right after the answer, then finds

@@ -1,18 +1,25 @@
-"""The HTTP process's side of the engine-core process (engine_core.py).
+"""The HTTP process's side of the engine core (engine_core.py): `EngineCoreClient`.
 
-    HTTP handlers (event loop)                         engine-core process
-    --------------------------                         -------------------
-    add_requests() / abort() --> outbox --> sender thread --pipe--> EngineCore.run()
-    RequestStream.get() <-- deliver() <-- _on_readable() <--pipe--  one StepMessage per step
-                        (deltas -> cumulative RequestOutputs, metrics, stats, KV event mirror)
+    HTTP handlers (event loop)               threads                     engine core
+    add_requests() / abort() --> outbox --> sender: conn.send() --pipe--> EngineCore.run()
+    RequestStream <-- _on_message() <-- reader: conn.recv() <----pipe---- StepMessage per step
 
-Same interface as AsyncEngine (the in-thread engine, kept for --engine-in-process).
-The event loop never blocks on the pipe: sends go through a small thread (a full
-pipe in both directions would otherwise deadlock the two processes), and
-messages are read by a loop reader when the pipe is readable. Every request
-handed to the core ends exactly once here (finished output, error, or abort).
-If the core process dies, its requests fail with a 500, /health answers 500 and
-no new work is accepted.
+The event loop never touches the pipe. Both threads block on it, so the pipe
+stays in blocking mode: a half-arrived message is waited for, never mistaken
+for the core's death. (Watching the descriptor with loop.add_reader made it
+non-blocking under uvloop, and Connection.recv() then raised BlockingIOError
+mid-message: the engine wedged under 256 clients. PITFALLS.md.)
+
+Back-pressure, not buffers: the reader hands a message to the loop only while
+fewer than MAX_UNDELIVERED wait there; otherwise it stops reading, the pipe
+fills and the core blocks in send() until the loop catches up.
+
+Liveness: the core speaks at least every HEARTBEAT_INTERVAL_S; `healthy` is
+false once nothing came for `heartbeat_timeout` (a hung core), or after
+repeated failed steps. If the core dies (EOF), every request it held fails
+with a 500 and `on_fatal` is called: the server exits non-zero so that its
+supervisor (kubelet, `pagedkube up`) restarts it, rather than answering 500
+forever. Every request handed to the core ends exactly once here.
 """
 from __future__ import annotations
 
@@ -23,115 +30,147 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pagedkube.engine.kv_events import KVEventLog
-from pagedkube.engine.outputs import CompletionOutput, RequestOutput
-from pagedkube.engine.server.async_engine import EngineInfo
-from pagedkube.engine.server.engine_core import EngineFacts, StepMessage, run_engine_core
+from pagedkube.engine.server.core_messages import (AbortRequests, AddRequests, CoreReady, NewRequest, Shutdown,
+                                                   StepMessage)
+from pagedkube.engine.server.engine_client import EngineInfo
+from pagedkube.engine.server.engine_core import EngineFactory, run_engine_core, serve_core
 from pagedkube.engine.server.errors import APIError
-from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError, deliver
+from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGES_PER_WAKEUP = 8
+MAX_UNDELIVERED = 2          # step messages queued on the event loop before the reader stops reading
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0   # silence after which /health fails: 30 heartbeats, or one step that long
 
 
 @dataclass
 class _Tracked:
     stream: RequestStream
     arrival: float
-    prompt_ids: list[int]
-    outputs: list[CompletionOutput] | None = None
-    num_cached_tokens: int = 0
+    num_prompt_tokens: int
     first_scheduled: float | None = None
     last_token_time: float | None = None
+    reasons: set = field(default_factory=set)
+
+
+class _CoreThread(threading.Thread):
+    """--engine-in-process: the same core loop in a thread; closes its pipe end when done
+    so that the reader sees EOF exactly as it would for a process."""
+
+    def __init__(self, conn: Any, factory: EngineFactory):
+        super().__init__(name="engine-core", daemon=True)
+        self.conn, self.factory = conn, factory
+        self.exitcode: int | None = None
+
+    def run(self) -> None:
+        try:
+            serve_core(self.conn, self.factory)
+        finally:
+            self.conn.close()
+
+    def kill(self) -> None:   # a thread cannot be killed; shutdown() already asked it to stop
+        pass
 
 
 class EngineCoreClient:
-    def __init__(self, engine_factory: Callable[[], Any], metrics: Any = None):
-        self._factory = engine_factory
-        self.metrics = metrics
+    def __init__(self, factory: EngineFactory, *, in_process: bool = False,
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+                 on_fatal: Callable[[], None] | None = None):
+        self._factory = factory
+        self._in_process = in_process
+        self.heartbeat_timeout = heartbeat_timeout
+        self.on_fatal = on_fatal
+        self.metrics: Any = None
         self.info: EngineInfo | None = None
-        self.healthy = True
-        self._proc: Any = None
+        self._worker: Any = None
         self._conn: Any = None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sender: threading.Thread | None = None
+        self._undelivered = threading.Semaphore(MAX_UNDELIVERED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._stats: Any = None
-        self._pending_adds = 0
+        self._pending_seqs = 0
+        self._core_healthy = True
+        self._last_heard = time.monotonic()
         self._stop = False
         self._dead = False
 
     # ---- lifecycle ----
     async def start(self) -> EngineInfo:
-        """Starts the core process (from the event loop's thread: PDEATHSIG follows the
-        creating thread) and returns once the engine is built; raises RuntimeError if
-        building it failed."""
+        """Starts the core (from the event loop's thread: PDEATHSIG follows the creating
+        thread) and returns once the engine is built; RuntimeError if building failed."""
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
-                                 args=(child, self._factory, os.getpid(), logging.getLogger().level))
-        self._proc.start()
-        child.close()
+        if self._in_process:
+            self._worker = _CoreThread(child, self._factory)
+            self._worker.start()
+        else:
+            self._worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
+                                       args=(child, self._factory, os.getpid(), logging.getLogger().level))
+            self._worker.start()
+            child.close()
         try:
-            kind, payload = await self._loop.run_in_executor(None, self._conn.recv)
+            first = await self._loop.run_in_executor(None, self._conn.recv)
         except (EOFError, OSError):
-            kind, payload = "failed", f"the engine-core process exited with {self._proc.exitcode}"
-        if kind != "ready":
-            self._proc.join(5)
-            raise RuntimeError(f"building the engine failed: {payload}")
-        facts: EngineFacts = payload
+            first = None
+        if not isinstance(first, CoreReady):
+            self._worker.join(5)
+            reason = getattr(first, "message", None) or f"the engine core exited with {self._worker.exitcode}"
+            raise RuntimeError(f"building the engine failed: {reason}")
+        facts = first.facts
         from pagedkube.tokenizer import Tokenizer
         self._stats = facts.stats
-        self.info = EngineInfo(
-            tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
-            kv_events=KVEventLog(facts.max_events, engine_id=facts.engine_id), **facts.plain)
-        self._sender = threading.Thread(target=self._send_loop, name="engine-core-sender", daemon=True)
-        self._sender.start()
-        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+        self._last_heard = time.monotonic()
+        self.info = EngineInfo.from_facts(
+            facts, tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
+            kv_events=KVEventLog())
+        threading.Thread(target=self._send_loop, name="engine-core-sender", daemon=True).start()
+        threading.Thread(target=self._read_loop, name="engine-core-reader", daemon=True).start()
         return self.info
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stops the core (its requests end with 503) and waits for it; thread-safe."""
         self._stop = True
-        if self._proc is None:
+        if self._worker is None:
             return
-        self._outbox.put(("stop",))
-        self._proc.join(timeout)
-        if self._proc.is_alive():
-            logger.warning("the engine-core process did not stop in %.0fs: killing it", timeout)
-            self._proc.kill()
-            self._proc.join(5)
+        self._outbox.put(Shutdown())
+        self._worker.join(timeout)
+        if self._worker.is_alive():
+            logger.warning("the engine core did not stop in %.0fs: killing it", timeout)
+            self._worker.kill()
+            self._worker.join(5)
         self._outbox.put(None)
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and not self._dead and not self._stop and self._proc.is_alive()
+        return self._worker is not None and not self._dead and not self._stop and self._worker.is_alive()
+
+    @property
+    def healthy(self) -> bool:
+        return self._core_healthy and time.monotonic() - self._last_heard < self.heartbeat_timeout
 
     # ---- requests (event loop side) ----
-    def add_requests(self, items: list[tuple[str, list[int], Any, str | None]], stream: RequestStream,
-                     *, max_waiting: int | None = None) -> None:
-        """Hands (request_id, prompt_token_ids, params, cache_salt) items to the core, all or none.
-
-        Raises APIError 503 when stopping, when the core is gone, or when the waiting
-        queue would grow past `max_waiting`."""
+    def add_requests(self, requests: list[NewRequest], stream: RequestStream, *,
+                     max_waiting: int | None = None) -> None:
         if self._stop or self._dead:
             raise APIError(503, "the engine is shutting down" if self._stop else "the engine is not running",
+                           code="shutting_down" if self._stop else "engine_dead", headers={"Retry-After": "1"})
+        num_seqs = sum(r.params.n for r in requests)
+        waiting = self._pending_seqs + (self._stats.num_waiting if self._stats is not None else 0)
+        if max_waiting is not None and waiting + num_seqs > max_waiting:
+            raise APIError(503, f"the waiting queue is full ({waiting} sequences waiting, this request adds "
+                           f"{num_seqs}, limit {max_waiting}); retry later", code="queue_full",
                            headers={"Retry-After": "1"})
-        waiting = self._pending_adds + (self._stats.num_waiting if self._stats is not None else 0)
-        if max_waiting is not None and waiting + len(items) > max_waiting:
-            raise APIError(503, f"the waiting queue is full ({waiting} waiting, limit {max_waiting}); "
-                           "retry later", code="queue_full", headers={"Retry-After": "1"})
         now = time.monotonic()
-        for request_id, prompt_ids, _, _ in items:
-            self._tracked[request_id] = _Tracked(stream, now, prompt_ids)
-        self._pending_adds += len(items)
-        self._outbox.put(("add", list(items)))
+        for r in requests:
+            self._tracked[r.request_id] = _Tracked(stream, now, len(r.prompt_token_ids))
+        self._pending_seqs += num_seqs
+        self._outbox.put(AddRequests(list(requests)))
 
     def abort(self, request_ids: list[str]) -> None:
         aborted = []
@@ -142,16 +181,15 @@ class EngineCoreClient:
                 self._finish_metrics(tracked, "abort")
                 tracked.stream.put(StreamAborted(request_id))
         if aborted:
-            self._outbox.put(("abort", aborted))
+            self._outbox.put(AbortRequests(aborted))
 
     def abort_all(self) -> None:
         self.abort(list(self._tracked))
 
     def stats(self) -> tuple[Any, int]:
-        """(the engine's EngineStats after its last step, requests not yet handed to it)."""
-        return self._stats, self._pending_adds
+        return self._stats, self._pending_seqs
 
-    # ---- the pipe ----
+    # ---- the pipe (threads) ----
     def _send_loop(self) -> None:
         while (op := self._outbox.get()) is not None:
             try:
@@ -159,90 +197,79 @@ class EngineCoreClient:
             except (OSError, ValueError):   # the core is gone; the reader reports it
                 return
 
-    def _on_readable(self) -> None:
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self._call_soon(self._on_core_exit)
+                return
+            self._last_heard = time.monotonic()
+            self._undelivered.acquire()     # back-pressure: wait while the loop is behind
+            if not self._call_soon(self._on_message, msg):
+                return
+
+    def _call_soon(self, fn: Callable, *args: Any) -> bool:
         try:
-            # At most a few messages per wake-up, so a fast core cannot starve the handlers.
-            for _ in range(MAX_MESSAGES_PER_WAKEUP):
-                if not self._conn.poll(0):
-                    break
-                kind, msg = self._conn.recv()
-                if kind == "step":
-                    self._on_step(msg)
-        except (EOFError, OSError):
-            self._on_core_exit()
+            self._loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:    # the event loop is closed: nobody is listening any more
+            return False
+
+    # ---- the loop side ----
+    def _on_message(self, msg: StepMessage) -> None:
+        try:
+            self._apply(msg)
+        finally:
+            self._undelivered.release()
+
+    def _apply(self, msg: StepMessage) -> None:
+        for event in msg.kv_events:
+            self.info.kv_events.record(event.type, event.block_hashes)
+        self._stats = msg.stats
+        self._pending_seqs -= msg.num_adds
+        self._core_healthy = self._core_healthy and msg.healthy
+        for err in msg.errors:
+            tracked = self._tracked.pop(err.request_id, None)
+            if tracked is not None:   # a failed request is no success: vllm:request_success_total skips it
+                tracked.stream.put(StreamError(err.request_id, APIError(err.status, err.message)))
+        now = time.monotonic()
+        for delta in msg.deltas:
+            tracked = self._tracked.get(delta.request_id)
+            if tracked is None:   # aborted here while the core stepped
+                continue
+            if tracked.first_scheduled is None:
+                tracked.first_scheduled = delta.first_scheduled_time
+            new_tokens = sum(len(s.token_ids) for s in delta.samples)
+            if new_tokens and self.metrics is not None:
+                if tracked.last_token_time is None:
+                    self.metrics.on_first_token(now - tracked.arrival, tracked.num_prompt_tokens)
+                else:
+                    self.metrics.on_inter_token(now - tracked.last_token_time)
+                self.metrics.on_generated(new_tokens)
+            if new_tokens:
+                tracked.last_token_time = now
+            tracked.reasons.update(s.finish_reason for s in delta.samples if s.finish_reason)
+            tracked.stream.put(delta)
+            if delta.finished:
+                del self._tracked[delta.request_id]
+                reasons = tracked.reasons
+                self._finish_metrics(tracked, "stop" if "stop" in reasons or not reasons else reasons.pop())
 
     def _on_core_exit(self) -> None:
-        assert self._loop is not None
-        self._loop.remove_reader(self._conn.fileno())
         self._dead = True
-        if not self._stop:
-            self.healthy = False
-            logger.error("the engine-core process exited unexpectedly (exit code %s)",
-                         self._proc.exitcode if self._proc is not None else None)
-        error = (APIError(503, "the engine is shutting down") if self._stop
-                 else APIError(500, "the engine-core process died"))
+        error = (APIError(503, "the engine is shutting down", code="shutting_down") if self._stop
+                 else APIError(500, "the engine-core process died", code="engine_dead"))
         for request_id, tracked in self._tracked.items():
             tracked.stream.put(StreamError(request_id, error))
         self._tracked.clear()
         self._outbox.put(None)
-
-    def _on_step(self, msg: StepMessage) -> None:
-        for event_type, hashes in msg.kv_events:
-            self.info.kv_events.record(event_type, hashes)
-        self._stats = msg.stats
-        self._pending_adds -= msg.num_adds
-        self.healthy = self.healthy and msg.healthy
-        deliveries: list[tuple[RequestStream, Any]] = []
-        for request_id, status, message in msg.errors:
-            tracked = self._tracked.pop(request_id, None)
-            if tracked is not None:
-                deliveries.append((tracked.stream, StreamError(request_id, APIError(status, message))))
-        now = time.monotonic()
-        for request_id, finished, num_cached, first_scheduled, samples in msg.outputs:
-            tracked = self._tracked.get(request_id)
-            if tracked is None:   # aborted here while the core stepped
-                continue
-            deliveries.append((tracked.stream, self._apply(tracked, request_id, finished, num_cached,
-                                                            first_scheduled, samples, now)))
-            if finished:
-                del self._tracked[request_id]
-                reasons = {c.finish_reason for c in tracked.outputs}
-                self._finish_metrics(tracked, "stop" if "stop" in reasons else (reasons.pop() or "stop"))
-        deliver(deliveries)
-
-    def _apply(self, tracked: _Tracked, request_id: str, finished: bool, num_cached: int,
-               first_scheduled: float, samples: list[tuple], now: float) -> RequestOutput:
-        if tracked.outputs is None:
-            tracked.outputs = []
-        if tracked.first_scheduled is None:
-            tracked.first_scheduled = first_scheduled
-        tracked.num_cached_tokens = num_cached
-        outs = tracked.outputs
-        new_tokens = 0
-        for index, kept, token_ids, text_kept, text, reason, stop_reason, logprobs, cum in samples:
-            while len(outs) <= index:
-                outs.append(CompletionOutput(len(outs), "", []))
-            c = outs[index]
-            new_tokens += len(token_ids) - (len(c.token_ids) - kept)
-            del c.token_ids[kept:]
-            c.token_ids.extend(token_ids)
-            c.text = c.text[:text_kept] + text
-            if logprobs is not None:
-                c.logprobs = (c.logprobs or [])[:kept] + logprobs
-            c.finish_reason, c.stop_reason, c.cumulative_logprob = reason, stop_reason, cum
-        if new_tokens > 0:
-            if self.metrics is not None:
-                if tracked.last_token_time is None:
-                    self.metrics.on_first_token(now - tracked.arrival, len(tracked.prompt_ids))
-                else:
-                    self.metrics.on_inter_token(now - tracked.last_token_time)
-                self.metrics.on_generated(new_tokens)
-            tracked.last_token_time = now
-        copies = [CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
-                                   list(c.logprobs) if c.logprobs is not None else None, c.cumulative_logprob)
-                  for c in outs]
-        return RequestOutput(request_id, None, tracked.prompt_ids, copies, finished, num_cached,
-                             {"first_scheduled_time": tracked.first_scheduled})
+        if not self._stop:
+            self._core_healthy = False
+            logger.error("the engine core exited unexpectedly (exit code %s): stopping the server",
+                         getattr(self._worker, "exitcode", None))
+            if self.on_fatal is not None:
+                self.on_fatal()
 
     def _finish_metrics(self, tracked: _Tracked, reason: str) -> None:
         if self.metrics is not None:

@@ -32,6 +32,12 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        state.stop_server = self.stop_now
+
+    def stop_now(self) -> None:
+        """A fatal engine failure: stop at once (open streams get their error events first,
+        within uvicorn's graceful-shutdown timeout); the process then exits with state.exit_code."""
+        self.should_exit = True
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()

@@ -1,209 +1,157 @@
-"""The engine-core process: owns the LLMEngine and steps it in a loop (vLLM v1's EngineCore).
+"""The engine core: owns the LLMEngine and steps it in a loop (vLLM v1's EngineCore).
 
-    HTTP process (core_client.py)                      engine-core process (this module)
-    -----------------------------                      ---------------------------------
-    ("add", [(rid, prompt_ids, params, salt), ...]) -->  engine.add_request (ValueError -> 400 for that rid)
-    ("abort", [rid, ...])                           -->  engine.abort_request
-    ("stop",)                                       -->  fail what runs (503), exit
-                                                    <--  ("ready", EngineFacts) | ("failed", message)
-                                                    <--  ("step", StepMessage) once per loop turn that did something
+It runs in its own process by default (no GIL shared with the HTTP event loop),
+or in a thread of the HTTP process with --engine-in-process; either way over the
+same pipe and the same messages (core_messages.py), so there is one driver.
 
-A StepMessage carries DELTAS (new token ids, new text, new logprobs) of every
-request that progressed, the add errors, the KV events the pool recorded, a
-stats snapshot and the engine's health, so per-step IPC is O(batch), not
-O(batch x length). The core dies with the HTTP process: PR_SET_PDEATHSIG plus
-EOF on the pipe. It ignores SIGINT/SIGTERM: the HTTP process decides when it
-stops (the drain needs the engine until the end).
+The loop: take what the pipe holds (adds, aborts, shutdown), step the engine if
+it has work, send one StepMessage with what the step produced. While idle it
+waits on the pipe and still sends an (empty) StepMessage every
+HEARTBEAT_INTERVAL_S: the HTTP side's liveness check reads those. A blocking
+send is back-pressure: while the HTTP process is behind, the core does not run
+ahead of it. In its own process the core dies with the HTTP process
+(PR_SET_PDEATHSIG, and EOF on the pipe) and ignores SIGINT/SIGTERM: the HTTP
+process decides when it stops (a drain needs the engine until the end).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pagedkube.engine.server.async_engine import plain_facts
+from pagedkube.parent_death import die_with_parent
+from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
+                                                   CoreReady, EngineFacts, KVEvent, RequestError, Shutdown,
+                                                   StepMessage)
 
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_STEP_FAILURES = 3   # then the engine reports itself unhealthy (/health 500)
-IDLE_STEP_BACKOFF_S = 0.001         # a step that scheduled nothing while requests wait: pause, do not spin
-PR_SET_PDEATHSIG = 1
+MAX_OPS_PER_STEP = 64               # pipe messages taken between two steps: a flood of adds cannot stall decoding
 
-
-@dataclass(frozen=True)
-class EngineFacts:
-    """What the HTTP process needs to know about the engine, sent once after it is built."""
-    tokenizer_files: dict | None
-    plain: dict              # async_engine.plain_facts: EngineInfo's plain fields
-    engine_id: str           # the KV event log's id (the cache feed's engine_id)
-    max_events: int
-    stats: Any
-
-
-@dataclass
-class StepMessage:
-    # (request_id, finished, num_cached_tokens, first_scheduled_time, [sample delta, ...]) where a sample
-    # delta is (index, tokens_kept, new_token_ids, text_kept, new_text, finish_reason, stop_reason,
-    # new_logprobs | None, cumulative_logprob); *_kept says how much of what was sent before stays.
-    outputs: list[tuple] = field(default_factory=list)
-    errors: list[tuple[str, int, str]] = field(default_factory=list)   # (request_id, status, message)
-    kv_events: list[tuple[str, list[bytes]]] = field(default_factory=list)
-    num_adds: int = 0
-    stats: Any = None
-    healthy: bool = True
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pipe EOF still ends the loop
-        pass
-    if os.getppid() != parent_pid:     # the parent died before prctl took effect
-        os._exit(1)
-
-
-class _Sent:
-    __slots__ = ("tokens", "text")
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.text = ""
+EngineFactory = Callable[..., Any]   # factory(kv_event_sink=callable) -> LLMEngine
 
 
 class EngineCore:
-    def __init__(self, engine: Any, conn: Any):
-        self.engine = engine
+    def __init__(self, factory: EngineFactory, conn: Any):
         self.conn = conn
-        self.sent: dict[str, list[_Sent]] = {}
-        self.failures = 0
-        self.aborted = False     # an abort changed the stats: send them even if nothing else happened
         self.msg = StepMessage()
-        pool = engine.kv_manager.pool
-        record = pool.event_sink
+        self.engine = factory(kv_event_sink=self._record_kv_event)
+        self.live: set[str] = set()   # requests the engine holds, for failing them all at once
+        self.failures = 0
+        self.aborted = False          # an abort changed the stats: send them even if nothing else happened
+        self.last_sent = time.monotonic()
 
-        def tee(event_type: str, block_hashes: list[bytes]) -> None:
-            if record is not None:
-                record(event_type, block_hashes)
-            self.msg.kv_events.append((event_type, list(block_hashes)))
-        pool.event_sink = tee
+    def facts(self) -> EngineFacts:
+        engine, stats = self.engine, self.engine.stats()
+        return EngineFacts(
+            tokenizer_files=dict(engine.tokenizer.files) if engine.tokenizer is not None else None,
+            vocab_size=engine.vocab_size, model_name=engine.model_name, max_model_len=engine.max_model_len,
+            block_size=engine.block_size, hash_seed=getattr(engine.config, "hash_seed", ""),
+            num_kv_blocks=stats.num_kv_blocks, eos_token_ids=list(engine.eos_token_ids), stats=stats)
+
+    def _record_kv_event(self, event_type: str, block_hashes: list[bytes]) -> None:
+        self.msg.kv_events.append(KVEvent(event_type, list(block_hashes)))
 
     def run(self) -> None:
         engine, conn = self.engine, self.conn
-        has_work = False
         while True:
-            if not has_work:
-                conn.poll(None)
-            while conn.poll(0):
-                op = conn.recv()
-                if op[0] == "stop":
-                    self._fail_all(503, "the engine is shutting down")
-                    self._flush()
-                    return
-                self._apply(op)
-            outputs = None
+            busy = engine.has_unfinished_requests()
+            wait = 0.0 if busy else max(0.0, HEARTBEAT_INTERVAL_S - (time.monotonic() - self.last_sent))
+            if conn.poll(wait):
+                for _ in range(MAX_OPS_PER_STEP):
+                    op = conn.recv()
+                    if isinstance(op, Shutdown):
+                        self._fail_all(503, "the engine is shutting down")
+                        self._send()
+                        return
+                    self._apply(op)
+                    if not conn.poll(0):
+                        break
             if engine.has_unfinished_requests():
-                step_start = time.monotonic()
-                try:
-                    outputs = engine.step()
-                except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server
-                    self.failures += 1
-                    logger.exception("engine step failed (%d in a row)", self.failures)
-                    self._fail_all(500, f"engine step failed: {type(exc).__name__}: {exc}")
-                else:
-                    self.failures = 0
-                    self._deltas(outputs, step_start)
-            has_work = engine.has_unfinished_requests()
-            self._flush()
-            if has_work and outputs == []:
-                conn.poll(IDLE_STEP_BACKOFF_S)
+                self._step()
+            if not self.msg.empty or self.aborted or time.monotonic() - self.last_sent >= HEARTBEAT_INTERVAL_S:
+                self._send()
 
-    def _flush(self) -> None:
-        msg = self.msg
-        if not (msg.outputs or msg.errors or msg.kv_events or msg.num_adds or self.aborted):
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step_deltas()
+        except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server
+            self.failures += 1
+            logger.exception("engine step failed (%d in a row)", self.failures)
+            self._fail_all(500, f"engine step failed: {type(exc).__name__}: {exc}")
             return
-        self.aborted = False
+        self.failures = 0
+        self.msg.deltas.extend(deltas)
+        for delta in deltas:
+            if delta.finished:
+                self.live.discard(delta.request_id)
+
+    def _send(self) -> None:
+        msg, self.msg = self.msg, StepMessage()
         msg.stats = self.engine.stats()
         msg.healthy = self.failures < MAX_CONSECUTIVE_STEP_FAILURES
-        self.msg = StepMessage()
-        self.conn.send(("step", msg))
+        self.aborted = False
+        self.conn.send(msg)           # blocks while the HTTP process is behind: back-pressure
+        self.last_sent = time.monotonic()
 
-    def _apply(self, op: tuple) -> None:
-        if op[0] == "add":
-            for request_id, prompt_ids, params, salt in op[1]:
-                self.msg.num_adds += 1
+    def _apply(self, op: Any) -> None:
+        if isinstance(op, AddRequests):
+            for req in op.requests:
+                self.msg.num_adds += req.params.n
                 try:
-                    self.engine.add_request(request_id, prompt_ids, params, cache_salt=salt)
+                    self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
+                                            cache_salt=req.cache_salt, group=req.group)
                 except ValueError as exc:
-                    self.msg.errors.append((request_id, 400, str(exc)))
+                    self.msg.errors.append(RequestError(req.request_id, 400, str(exc)))
                 except Exception as exc:  # noqa: BLE001
-                    logger.exception("add_request(%s) failed", request_id)
-                    self.msg.errors.append((request_id, 500, f"{type(exc).__name__}: {exc}"))
+                    logger.exception("add_request(%s) failed", req.request_id)
+                    self.msg.errors.append(RequestError(req.request_id, 500, f"{type(exc).__name__}: {exc}"))
                 else:
-                    self.sent[request_id] = [_Sent() for _ in range(params.n)]
-        elif op[0] == "abort":
-            for request_id in op[1]:
-                if self.sent.pop(request_id, None) is not None:
+                    self.live.add(req.request_id)
+        elif isinstance(op, AbortRequests):
+            for request_id in op.request_ids:
+                if request_id in self.live:
+                    self.live.discard(request_id)
                     self.aborted = True
-                    try:
-                        self.engine.abort_request(request_id)
-                    except Exception:  # noqa: BLE001
-                        logger.exception("abort_request(%s) failed", request_id)
+                    self._abort(request_id)
         else:
-            raise ValueError(f"unknown engine-core operation {op[0]!r}")
+            raise TypeError(f"unknown engine-core operation {op!r}")
 
-    def _deltas(self, outputs: list[Any], step_start: float) -> None:
-        for out in outputs:
-            sent = self.sent.get(out.request_id)
-            if sent is None:
-                continue
-            samples = []
-            for c in out.outputs:
-                s = sent[c.index]
-                kept = s.tokens if len(c.token_ids) >= s.tokens else 0
-                text_kept = len(s.text) if c.text.startswith(s.text) else 0
-                logprobs = c.logprobs[kept:] if c.logprobs is not None else None
-                samples.append((c.index, kept, c.token_ids[kept:], text_kept, c.text[text_kept:],
-                                c.finish_reason, c.stop_reason, logprobs, c.cumulative_logprob))
-                s.tokens, s.text = len(c.token_ids), c.text
-            first = (out.metrics or {}).get("first_scheduled_time", step_start)
-            self.msg.outputs.append((out.request_id, out.finished, out.num_cached_tokens, first, samples))
-            if out.finished:
-                del self.sent[out.request_id]
+    def _abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:  # noqa: BLE001
+            logger.exception("abort_request(%s) failed", request_id)
 
     def _fail_all(self, status: int, message: str) -> None:
-        for request_id in list(self.sent):
-            try:
-                self.engine.abort_request(request_id)
-            except Exception:  # noqa: BLE001
-                logger.exception("abort_request(%s) failed", request_id)
-            self.msg.errors.append((request_id, status, message))
-        self.sent.clear()
+        for request_id in sorted(self.live):
+            self._abort(request_id)
+            self.msg.errors.append(RequestError(request_id, status, message))
+        self.live.clear()
 
 
-def run_engine_core(conn: Any, engine_factory: Callable[[], Any], parent_pid: int, log_level: int) -> None:
-    """The core process's entry point (multiprocessing "spawn" target)."""
-    _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [core]: %(message)s")
+def serve_core(conn: Any, factory: EngineFactory) -> None:
+    """Builds the engine, reports CoreReady/CoreFailed, then runs until Shutdown or EOF."""
     try:
-        engine = engine_factory()
-        tokenizer, stats = engine.tokenizer, engine.stats()
-        facts = EngineFacts(
-            tokenizer_files=dict(tokenizer.files) if tokenizer is not None else None,
-            plain=plain_facts(engine, stats), engine_id=engine.kv_events.engine_id,
-            max_events=engine.kv_events.max_events, stats=stats)
-        core = EngineCore(engine, conn)
+        core = EngineCore(factory, conn)
+        ready = CoreReady(core.facts())
     except BaseException as exc:  # noqa: BLE001 - reported to the HTTP process, which fails start-up
         logger.exception("building the engine failed")
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", facts))
+    conn.send(ready)
     try:
         core.run()
     except (EOFError, OSError):   # the HTTP process went away
         pass
+
+
+def run_engine_core(conn: Any, factory: EngineFactory, parent_pid: int, log_level: int) -> None:
+    """The core process's entry point (multiprocessing "spawn" target)."""
+    die_with_parent(signal.SIGKILL, parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [core]: %(message)s")
+    serve_core(conn, factory)

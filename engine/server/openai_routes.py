@@ -10,11 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from pagedkube.engine.server.access_log import observe_generation
 from pagedkube.engine.server.errors import APIError, sse_error_event
 from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
-from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id,
+from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id, prepare,
                                              prepare_chat, prepare_completion, render_chat, tokenizer_for)
 from pagedkube.engine.server.state import ServerState
 
@@ -53,6 +54,7 @@ async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bo
 
 
 async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Response:
+    observe_generation(request, gen)
     gen.start()
     if body.stream:
         async def close() -> None:  # async: runs on the event loop, not in a worker thread
@@ -72,7 +74,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state.check_accepting()
     state.check_model(body.model)
     body.check_supported()
-    prepared = prepare_completion(state, body)
+    state.warn_unknown_fields(body)
+    prepared = await prepare(state, prepare_completion, body)
     request_id = new_request_id("cmpl")
     fmt = CompletionFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n,
                               logprobs=body.logprobs, echo=body.echo)
@@ -85,10 +88,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state.check_accepting()
     state.check_model(body.model)
     body.check_supported()
-    prepared = prepare_chat(state, body)
+    state.warn_unknown_fields(body)
+    prepared = await prepare(state, prepare_chat, body)
     request_id = new_request_id("chatcmpl")
     top = (body.top_logprobs or 0) if body.logprobs else None
-    fmt = ChatFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top)
+    last = body.messages[-1].to_template()
+    echo = last["content"] if body.echo and last["role"] == "assistant" else ""
+    fmt = ChatFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top,
+                        echo=echo)
     return await _respond(request, Generation(state, request_id, prepared), fmt, body)
 
 

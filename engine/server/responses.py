@@ -1,7 +1,8 @@
 """OpenAI response and stream-chunk shapes for completions and chat completions.
 
-The engine's outputs are cumulative; a formatter remembers, per choice, how much
-text and how many tokens it already sent and turns each new output into deltas.
+Streams are formatted from RequestDeltas as they come (only the new tokens and
+text of a step), so the work per step is O(new tokens), whatever the length so
+far; whole responses from the accumulated outputs (serving.collect).
 Choice index = prompt index * n + sample index (OpenAI's order for batches).
 """
 from __future__ import annotations
@@ -10,14 +11,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkube.engine.outputs import RequestDelta
 from pagedkube.engine.server.serving import Prepared
 
 
 @dataclass
-class _Sent:
-    text: int = 0        # characters of the cumulative text already sent
-    tokens: int = 0      # tokens already sent (for logprobs)
-    offset: int = 0      # completions text_offset of the next token
+class _Choice:
+    offset: int = 0          # completions' text_offset of the next token
     finished: bool = False
 
 
@@ -38,8 +38,10 @@ class _Formatter:
         self.prepared = prepared
         self.tokenizer = tokenizer
         self.n = n
-        self.latest: dict[int, Any] = {}
-        self.sent: dict[int, _Sent] = {}
+        self.choices: dict[int, _Choice] = {}
+        self.num_completion_tokens = 0
+        self.num_cached: dict[int, int] = {}        # prompt index -> cached prompt tokens
+        self.tokens_formatted = 0                   # tokens whose chunks were built (tests: O(new) per step)
 
     def token_str(self, token_id: int) -> str:
         if self.tokenizer is None:  # a model without tokenizer.json: vLLM's "token_id:N" spelling
@@ -48,8 +50,8 @@ class _Formatter:
 
     def usage(self) -> dict:
         prompt = sum(len(ids) for ids in self.prepared.prompt_ids)
-        completion = sum(len(c.token_ids) for out in self.latest.values() for c in out.outputs)
-        cached = sum(out.num_cached_tokens or 0 for out in self.latest.values())
+        completion = self.num_completion_tokens
+        cached = sum(self.num_cached.values())
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -60,47 +62,44 @@ class _Formatter:
             body["usage"] = usage
         return body
 
-    def stream_update(self, prompt_idx: int, out: Any) -> list[dict]:
-        """The choice deltas that `out` adds to what was sent."""
-        self.latest[prompt_idx] = out
+    def stream_update(self, prompt_idx: int, delta: RequestDelta) -> list[dict]:
+        """The choice deltas of one step of one prompt's request."""
+        self.num_cached[prompt_idx] = delta.num_cached_tokens or 0
         choices = []
-        for completion in out.outputs:
-            index = prompt_idx * self.n + completion.index
-            sent = self.sent.setdefault(index, _Sent())
-            if sent.finished:
+        for sample in delta.samples:
+            index = prompt_idx * self.n + sample.index
+            choice = self.choices.setdefault(index, _Choice())
+            if choice.finished:
                 continue
-            text = completion.text
-            delta = text[sent.text:] if len(text) >= sent.text else ""
-            new_tokens = len(completion.token_ids) - sent.tokens
-            finish = completion.finish_reason
-            if not delta and new_tokens <= 0 and finish is None:
-                continue
-            logprobs, sent.offset = self.logprobs(completion, sent.tokens, len(completion.token_ids), sent.offset)
-            sent.text = max(sent.text, len(text))
-            sent.tokens = len(completion.token_ids)
-            sent.finished = finish is not None
-            if delta or logprobs is not None or finish is not None:  # no empty chunks (held-back text)
-                choices.append(self.delta_choice(index, delta, logprobs, completion))
+            self.num_completion_tokens += len(sample.token_ids)
+            self.tokens_formatted += len(sample.token_ids)
+            logprobs, choice.offset = self.logprobs(sample.token_ids, sample.logprobs, choice.offset)
+            choice.finished = sample.finish_reason is not None
+            if sample.text or logprobs is not None or choice.finished:  # no empty chunks (held-back text)
+                choices.append(self.delta_choice(index, sample.text, logprobs, sample))
         return choices
 
     def final(self, outs: dict[int, Any]) -> dict:
-        self.latest = dict(outs)
         choices = []
+        self.num_completion_tokens = sum(len(c.token_ids) for out in outs.values() for c in out.outputs)
+        self.num_cached = {i: out.num_cached_tokens or 0 for i, out in outs.items()}
         for prompt_idx in sorted(outs):
             for completion in outs[prompt_idx].outputs:
                 index = prompt_idx * self.n + completion.index
-                logprobs, _ = self.logprobs(completion, 0, len(completion.token_ids), 0)
+                logprobs, _ = self.logprobs(completion.token_ids, completion.logprobs, 0)
                 choices.append(self.final_choice(index, prompt_idx, completion, logprobs))
         choices.sort(key=lambda c: c["index"])
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
                 "choices": choices, "usage": self.usage()}
 
     # Filled in by the two APIs.
-    def logprobs(self, completion: Any, start: int, end: int, offset: int) -> tuple[dict | None, int]:
-        """Logprobs of output tokens [start, end) and the text offset after them."""
+    def logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
+                 offset: int) -> tuple[dict | None, int]:
+        """Logprobs of these output tokens (entries: one per token, or None when off) and
+        the text offset after them."""
         raise NotImplementedError
 
-    def delta_choice(self, index: int, delta: str, logprobs: dict | None, completion: Any) -> dict:
+    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict:
         raise NotImplementedError
 
     def final_choice(self, index: int, prompt_idx: int, completion: Any, logprobs: dict | None) -> dict:
@@ -122,13 +121,13 @@ class CompletionFormatter(_Formatter):
         return [{"index": p * self.n + j, "text": text, "logprobs": None, "finish_reason": None}
                 for p, text in enumerate(self.prepared.prompt_texts) for j in range(self.n)]
 
-    def logprobs(self, completion: Any, start: int, end: int, offset: int) -> tuple[dict | None, int]:
-        if self.num_logprobs is None or completion.logprobs is None:
+    def logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
+                 offset: int) -> tuple[dict | None, int]:
+        if self.num_logprobs is None or entries is None:
             return None, offset
         result: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for i in range(start, min(end, len(completion.logprobs))):
-            token_id = completion.token_ids[i]
-            entry = completion.logprobs[i] or {}
+        for token_id, entry in zip(token_ids, entries):
+            entry = entry or {}
             token = self.token_str(token_id)
             result["tokens"].append(token)
             result["token_logprobs"].append(entry.get(token_id))
@@ -139,9 +138,9 @@ class CompletionFormatter(_Formatter):
             offset += len(token)
         return result, offset
 
-    def delta_choice(self, index: int, delta: str, logprobs: dict | None, completion: Any) -> dict:
-        return {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": completion.finish_reason,
-                "stop_reason": completion.stop_reason}
+    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": sample.finish_reason,
+                "stop_reason": sample.stop_reason}
 
     def final_choice(self, index: int, prompt_idx: int, completion: Any, logprobs: dict | None) -> dict:
         text = (self.prepared.prompt_texts[prompt_idx] if self.echo else "") + completion.text
@@ -153,35 +152,36 @@ class ChatFormatter(_Formatter):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args: Any, top_logprobs: int | None, **kwargs: Any):
+    def __init__(self, *args: Any, top_logprobs: int | None, echo: str = "", **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.top_logprobs = top_logprobs   # None = logprobs off
+        self.echo = echo                   # vLLM's chat echo: the last assistant message, repeated first
 
     def stream_start(self) -> list[dict]:
-        return [{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        return [{"index": j, "delta": {"role": "assistant", "content": self.echo}, "logprobs": None,
                  "finish_reason": None} for j in range(self.n)]
 
     def _token_entry(self, token_id: int, logprob: float | None) -> dict:
         token = self.token_str(token_id)
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
-    def logprobs(self, completion: Any, start: int, end: int, offset: int) -> tuple[dict | None, int]:
-        if self.top_logprobs is None or completion.logprobs is None:
+    def logprobs(self, token_ids: list[int], entries: list[dict[int, float]] | None,
+                 offset: int) -> tuple[dict | None, int]:
+        if self.top_logprobs is None or entries is None:
             return None, offset
         content = []
-        for i in range(start, min(end, len(completion.logprobs))):
-            token_id = completion.token_ids[i]
-            entry = completion.logprobs[i] or {}
+        for token_id, entry in zip(token_ids, entries):
+            entry = entry or {}
             item = self._token_entry(token_id, entry.get(token_id))
             item["top_logprobs"] = [self._token_entry(t, lp) for t, lp in _top(entry, self.top_logprobs)]
             content.append(item)
         return {"content": content}, offset
 
-    def delta_choice(self, index: int, delta: str, logprobs: dict | None, completion: Any) -> dict:
-        return {"index": index, "delta": {"content": delta} if delta else {}, "logprobs": logprobs,
-                "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict:
+        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                "finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason}
 
     def final_choice(self, index: int, prompt_idx: int, completion: Any, logprobs: dict | None) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": completion.text},
+        return {"index": index, "message": {"role": "assistant", "content": self.echo + completion.text},
                 "logprobs": logprobs, "finish_reason": completion.finish_reason,
                 "stop_reason": completion.stop_reason}

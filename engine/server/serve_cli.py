@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any
 
+from pagedkube.observability import add_observability_args, observability_from_args
+
 logger = logging.getLogger("pagedkube.serve")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -32,7 +34,7 @@ def parse_bytes(text: str) -> int:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: the built-in tiny model)")
+    p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -45,16 +47,31 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-waiting", type=int, default=1024,
-                   help="waiting requests beyond which new ones get 503 (default 1024; -1 = unbounded)")
+    p.add_argument("--max-waiting", type=int, default=4096,
+                   help="waiting sequences (n x prompts) beyond which new requests get 503 "
+                        "(default 4096: 16 x the default max-num-seqs; -1 = unbounded)")
+    p.add_argument("--max-request-tokens", type=int, default=None,
+                   help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
+                        "a request is already capped at --max-num-seqs sequences)")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 << 20,
+                   help="largest request body; 413 above (default 16MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send its whole body; 408 after (default 30)")
+    p.add_argument("--heartbeat-timeout", type=float, default=30.0,
+                   help="seconds without word from the engine core after which /health fails (default 30)")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
+    p.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
+                   help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
     p.add_argument("--drain-timeout", type=float, default=25.0,
                    help="seconds in-flight requests may run after SIGTERM (default 25)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
+    p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+                   help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
 
@@ -67,11 +84,14 @@ def build_config(args: argparse.Namespace):
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed)
+        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
-                        drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process)
+                        drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
+                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
+                        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
+                        observability=observability_from_args(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -88,7 +108,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(config)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5, access_log=False),
+                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop),
                             app.state.server)
     server.run()
-    return 0 if server.started else 1
+    if not server.started:
+        return 1
+    return app.state.server.exit_code

@@ -1,29 +1,42 @@
 """From a validated request body to engine requests, and back.
 
 `prepare_*` tokenize, check lengths and build SamplingParams (every problem is a
-400 naming the field, before anything reaches the engine). `Generation` owns the
-engine requests of one HTTP request: it submits them, yields their outputs and,
-whatever way the HTTP request ends (done, error, client gone), aborts what is
-still running exactly once so the blocks go back to the pool.
+400 naming the field, before anything reaches the engine); `prepare` runs them
+inline for ordinary prompts and in a bounded worker pool for huge ones, so a
+multi-megabyte prompt never stalls the event loop (/health, running streams).
+`Generation` owns the engine requests of one HTTP request: it submits them,
+yields their RequestDeltas and, whatever way the HTTP request ends (done, error,
+client gone), aborts what is still running exactly once so the blocks go back
+to the pool.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import Request
 
+from pagedkube.engine.admission import AdmissionError, AdmissionLimits, allowed_max_tokens
+from pagedkube.engine.outputs import OutputAccumulator, RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
-from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+from pagedkube.engine.server.core_messages import NewRequest
 from pagedkube.engine.server.errors import APIError, bad_request
 from pagedkube.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+
+logger = logging.getLogger("pagedkube.serve")
 
 # vLLM treats temperatures below this as greedy (dividing logits by ~0 overflows).
 MIN_TEMPERATURE = 1e-5
+# Prompts up to this many characters are tokenized on the event loop (about a
+# millisecond); longer ones in the worker pool, where the tokenizer lets go of the GIL
+# (pagedkube/tokenizer.py).
+INLINE_PREPARE_CHARS = 16_384
 
 
 @dataclass
@@ -33,38 +46,41 @@ class Prepared:
     params: SamplingParams
     cache_salt: str | None
 
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prompt_ids) * self.params.n
+
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def limits(state: ServerState) -> AdmissionLimits:
+    info = state.info
+    return AdmissionLimits(info.max_model_len, info.num_kv_blocks, info.block_size)
+
+
 def _max_tokens(state: ServerState, num_prompt_tokens: int, requested: int | None,
                 field: str, prompt_field: str) -> int:
-    max_model_len = state.info.max_model_len
-    if num_prompt_tokens == 0:
-        raise bad_request(f"{prompt_field} must not be empty (it has 0 tokens)", prompt_field)
-    if num_prompt_tokens >= max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens, and {prompt_field} has "
-            f"{num_prompt_tokens} tokens: no room to generate. Please shorten {prompt_field}.", prompt_field)
-    # The KV pool must hold the whole request, alone (the engine rejects it otherwise):
-    # every token but the last sampled one needs a slot.
-    pool_tokens = state.info.num_kv_blocks * state.info.block_size
-    if num_prompt_tokens > pool_tokens:
-        raise bad_request(f"{prompt_field} has {num_prompt_tokens} tokens but the KV cache holds only "
-                          f"{pool_tokens}", prompt_field)
-    room = min(max_model_len - num_prompt_tokens, pool_tokens - num_prompt_tokens + 1)
-    if requested is None:
-        return room
-    if num_prompt_tokens + requested > max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in {prompt_field}, {requested} in "
-            f"{field}). Please reduce the length of {prompt_field} or {field}.", field)
-    if requested > room:
-        raise bad_request(f"{field}: {num_prompt_tokens} prompt tokens + {requested} new tokens do not fit in "
-                          f"the KV cache ({pool_tokens} tokens); at most {room} new tokens", field)
-    return requested
+    try:
+        return allowed_max_tokens(limits(state), num_prompt_tokens, requested,
+                                  prompt_field=prompt_field, tokens_field=field)
+    except AdmissionError as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+def _check_request_size(state: ServerState, prepared: Prepared, prompt_field: str) -> None:
+    """Per-request caps (PITFALLS: admission in the right unit): sequences, and optionally tokens."""
+    config = state.config
+    max_seqs = config.engine.max_num_seqs
+    if prepared.num_seqs > max_seqs:
+        raise bad_request(f"this request asks for {prepared.num_seqs} sequences ({len(prepared.prompt_ids)} "
+                          f"prompts x n={prepared.params.n}); at most max_num_seqs ({max_seqs}) per request", "n")
+    if config.max_request_tokens is not None:
+        total = sum(len(ids) + prepared.params.n * prepared.params.max_tokens for ids in prepared.prompt_ids)
+        if total > config.max_request_tokens:
+            raise bad_request(f"this request asks for {total} tokens (prompt tokens + n x max_tokens, over all "
+                              f"prompts); at most {config.max_request_tokens} per request", prompt_field)
 
 
 def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
@@ -81,12 +97,35 @@ def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletion
             n=req.n, temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p,
             top_k=top_k, min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop,
             stop_token_ids=req.stop_token_ids, max_tokens=max_tokens, min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos, logprobs=logprobs,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            skip_special_tokens=req.skip_special_tokens)
+            ignore_eos=req.ignore_eos, logprobs=logprobs, include_stop_str_in_output=req.keep_stop_str,
+            skip_special_tokens=req.skip_special_tokens,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+            logit_bias=_logit_bias(state, req.logit_bias))
     except ValueError as exc:
         field = str(exc).split(" ", 1)[0]
         raise bad_request(str(exc), field if field in type(req).model_fields else None) from exc
+
+
+def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    vocab_size = state.info.vocab_size
+    bad = next((key for key in bias if int(key) >= vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"logit_bias: token id {bad} is out of range (vocabulary size {vocab_size})",
+                          "logit_bias")
+    return {int(key): value for key, value in bias.items()}
+
+
+def _truncate(state: ServerState, ids: list[int], keep: int | None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: max_model_len)."""
+    if keep is None:
+        return ids
+    keep = state.info.max_model_len if keep == -1 else keep
+    if keep < 1:
+        raise bad_request("truncate_prompt_tokens must be >= 1 or -1", "truncate_prompt_tokens")
+    return ids[-keep:]
 
 
 def _check_token_ids(state: ServerState, ids: list[int], field: str) -> None:
@@ -102,45 +141,94 @@ def tokenizer_for(state: ServerState, field: str) -> Any:
     return state.info.tokenizer
 
 
-def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
+def prepare_completion(state: ServerState, req: CompletionRequest, inline: bool = True) -> Prepared:
     tokenizer = state.info.tokenizer
+    add_special = True if req.add_special_tokens is None else req.add_special_tokens
     prompt_ids, prompt_texts = [], []
     for prompt in req.prompts():
         if isinstance(prompt, str):
-            ids = tokenizer_for(state, "prompt").encode(prompt, add_special_tokens=req.add_special_tokens)
+            ids = tokenizer_for(state, "prompt").encode(prompt, add_special_tokens=add_special)
             text = prompt
         else:
             _check_token_ids(state, prompt, "prompt")
             ids = list(prompt)
             text = tokenizer.decode(prompt, skip_special_tokens=False) if req.echo and tokenizer else ""
+        if req.truncate_prompt_tokens is not None:
+            ids = _truncate(state, ids, req.truncate_prompt_tokens)
+            if req.echo and tokenizer is not None:
+                text = tokenizer.decode(ids, skip_special_tokens=False)
         prompt_ids.append(ids)
         prompt_texts.append(text)
     # One SamplingParams for the batch: size max_tokens for the longest prompt.
     longest = max(len(ids) for ids in prompt_ids)
-    shortest = min(len(ids) for ids in prompt_ids)
-    if shortest == 0:
+    if min(len(ids) for ids in prompt_ids) == 0:
         raise bad_request("prompt must not be empty (it has 0 tokens)", "prompt")
     max_tokens = _max_tokens(state, longest, req.max_tokens, "max_tokens", "prompt")
-    params = _sampling_params(state, req, max_tokens, req.logprobs)
-    return Prepared(prompt_ids, prompt_texts, params, req.cache_salt)
+    prepared = Prepared(prompt_ids, prompt_texts, _sampling_params(state, req, max_tokens, req.logprobs),
+                        req.cache_salt)
+    _check_request_size(state, prepared, "prompt")
+    return prepared
 
 
 def render_chat(state: ServerState, messages: list[dict], add_generation_prompt: bool,
-                kwargs: dict | None) -> str:
+                kwargs: dict | None, continue_final_message: bool = False) -> str:
     try:
-        return tokenizer_for(state, "messages").render_chat(messages, add_generation_prompt, **(kwargs or {}))
+        text = tokenizer_for(state, "messages").render_chat(messages, add_generation_prompt, **(kwargs or {}))
+    except APIError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
         raise bad_request(f"messages could not be rendered with the chat template: {exc}", "messages") from exc
+    if continue_final_message:
+        text = _cut_after_final_message(text, messages[-1]["content"])
+    return text
 
 
-def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> Prepared:
-    text = render_chat(state, req.template_messages(), req.add_generation_prompt, req.chat_template_kwargs)
-    ids = state.chat_encoder().encode(text)
+def _cut_after_final_message(text: str, final: str) -> str:
+    """transformers' continue_final_message: the rendered chat ends with the last
+    message's content (templates such as Llama 3.1's strip it, hence the retry)."""
+    for needle in (final, final.strip()):
+        at = text.rfind(needle) if needle else -1
+        if at >= 0:
+            return text[:at + len(needle)]
+    raise bad_request("continue_final_message: the final message does not appear in the rendered chat",
+                      "continue_final_message")
+
+
+def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = True) -> Prepared:
+    text = render_chat(state, req.template_messages(), req.generation_prompt, req.chat_template_kwargs,
+                       req.continue_final_message)
+    if req.add_special_tokens or not inline:
+        # The piece cache (CachedEncoder) is the event loop's alone; a worker encodes directly
+        # (Tokenizer.encode lets go of the GIL for long texts).
+        ids = tokenizer_for(state, "messages").encode(text, add_special_tokens=bool(req.add_special_tokens))
+    else:
+        ids = state.chat_encoder().encode(text)
+    ids = _truncate(state, ids, req.truncate_prompt_tokens)
     requested, field = req.requested_max_tokens
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = _sampling_params(state, req, max_tokens, logprobs)
-    return Prepared([ids], [text], params, req.cache_salt)
+    prepared = Prepared([ids], [text], _sampling_params(state, req, max_tokens, logprobs), req.cache_salt)
+    _check_request_size(state, prepared, "messages")
+    return prepared
+
+
+def _text_size(req: CompletionRequest | ChatCompletionRequest) -> int:
+    if isinstance(req, ChatCompletionRequest):
+        return sum(len(m.to_template()["content"]) for m in req.messages)
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
+
+
+async def prepare(state: ServerState, fn: Callable[..., Prepared], req: Any) -> Prepared:
+    """fn(state, req) inline for ordinary prompts; for a huge one in the server's worker
+    pool (bounded: its few threads queue the rest), so the event loop keeps serving."""
+    size = _text_size(req)
+    if size <= INLINE_PREPARE_CHARS:
+        return fn(state, req)
+    logger.info("a prompt of %d characters: tokenizing it in a worker thread", size)
+    return await asyncio.get_running_loop().run_in_executor(state.workers, fn, state, req, False)
 
 
 class Generation:
@@ -158,19 +246,19 @@ class Generation:
     def start(self) -> None:
         """Submits the requests; raises APIError 503 when draining or the queue is full."""
         self.state.check_accepting()
-        self._stream = RequestStream(asyncio.get_running_loop())
+        self._stream = RequestStream()
         p = self.prepared
         self.state.engine.add_requests(
-            [(rid, ids, p.params, p.cache_salt) for rid, ids in zip(self.engine_ids, p.prompt_ids)],
+            [NewRequest(rid, ids, p.params, p.cache_salt, group=self.request_id)
+             for rid, ids in zip(self.engine_ids, p.prompt_ids)],
             self._stream, max_waiting=self.state.config.max_waiting)
         self.state.in_flight += 1
 
-    async def updates(self) -> AsyncIterator[tuple[int, Any]]:
-        """Yields (prompt index, cumulative RequestOutput) until every request finished."""
+    async def updates(self) -> AsyncIterator[tuple[int, RequestDelta]]:
+        """Yields (prompt index, RequestDelta), every one, until every request finished."""
         assert self._stream is not None, "start() first"
         index = {rid: i for i, rid in enumerate(self.engine_ids)}
         while self._pending:
-            latest: dict[str, Any] = {}
             for item in await self._stream.get():
                 if isinstance(item, StreamError):
                     self._pending.discard(item.request_id)
@@ -178,12 +266,10 @@ class Generation:
                 if isinstance(item, StreamAborted):
                     self._pending.discard(item.request_id)
                     raise APIError(503, "the request was aborted: the server is shutting down",
-                                   headers={"Retry-After": "1"})
-                latest[item.request_id] = item
-            for rid, out in latest.items():
-                if out.finished:
-                    self._pending.discard(rid)
-                yield index[rid], out
+                                   code="shutting_down", headers={"Retry-After": "1"})
+                if item.finished:
+                    self._pending.discard(item.request_id)
+                yield index[item.request_id], item
 
     def close(self) -> None:
         """Idempotent: aborts unfinished requests and ends this request's in-flight count."""
@@ -207,14 +293,16 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def collect(gen: Generation, request: Request) -> dict[int, Any]:
-    """Runs a non-streaming generation to the end, aborting it if the client goes away."""
-    final: dict[int, Any] = {}
+async def collect(gen: Generation, request: Request) -> dict[int, RequestOutput]:
+    """Runs a non-streaming generation to the end, aborting it if the client goes away;
+    the one place where a request's deltas are accumulated into whole outputs."""
+    results = {i: OutputAccumulator(rid, None, ids)
+               for i, (rid, ids) in enumerate(zip(gen.engine_ids, gen.prepared.prompt_ids))}
 
     async def consume() -> None:
         async with contextlib.aclosing(gen.updates()) as updates:
-            async for prompt_idx, out in updates:
-                final[prompt_idx] = out
+            async for prompt_idx, delta in updates:
+                results[prompt_idx].add(delta)
 
     consumer = asyncio.ensure_future(consume())
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
@@ -227,6 +315,6 @@ async def collect(gen: Generation, request: Request) -> dict[int, Any]:
         gen.close()
     if not consumer.cancelled() and consumer.exception() is not None:
         raise consumer.exception()
-    if len(final) < len(gen.engine_ids) or not all(o.finished for o in final.values()):
+    if not all(acc.finished for acc in results.values()):
         raise ClientDisconnected()
-    return final
+    return {i: acc.result() for i, acc in results.items()}

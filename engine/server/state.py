@@ -1,21 +1,24 @@
 """What the handlers of one app share (kept on `app.state.server`, never a module global)."""
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedkube.engine.server.async_engine import EngineInfo
+from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.errors import APIError
 from pagedkube.piece_cache import CachedEncoder
+
+logger = logging.getLogger("pagedkube.serve")
 
 
 @dataclass
 class ServerState:
     config: ServerConfig
-    engine: Any                             # EngineCoreClient (default) or AsyncEngine (--engine-in-process)
+    engine: Any                             # an EngineClient (engine_client.py): EngineCoreClient
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # the KV event log's, once built
     created: int = field(default_factory=lambda: int(time.time()))
     info: EngineInfo | None = None          # set once the engine is built (lifespan start-up)
@@ -24,7 +27,24 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0                      # generation requests not yet answered in full
     feed_waiters: Any = None                # cache_feed.FeedWaiters: wakes cache-feed long-polls
+    exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
+    stop_server: Any = None                 # set by the HTTP server (draining.py): stops it
+    workers: Any = None                     # concurrent.futures executor for huge prompts (serving.prepare)
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
+    _warned_fields: set[str] = field(default_factory=set, repr=False)
+
+    def fatal(self) -> None:
+        """The engine core died: stop serving and exit non-zero, so that a supervisor restarts us."""
+        self.exit_code = 1
+        if self.stop_server is not None:
+            self.stop_server()
+
+    def warn_unknown_fields(self, body: Any) -> None:
+        """One warning per unknown request field name for the life of the server (vLLM does the same)."""
+        for name in body.unknown_fields():
+            if name not in self._warned_fields:
+                self._warned_fields.add(name)
+                logger.warning("ignoring unknown request field %r (logged once)", name)
 
     def chat_encoder(self) -> CachedEncoder:
         """Encodes rendered chats, caching each message's tokens (a conversation

@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # `pagedkube serve` options passed through to every engine, as given.
 ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--model", dict(help="Hugging Face model directory (default: the built-in tiny model)")),
+    ("--model", dict(help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")),
     ("--served-model-name", dict(help="model name in the API (default: directory name)")),
     ("--device", dict(choices=("auto", "cpu", "cuda"))),
     ("--dtype", dict(choices=("auto", "float32", "float16", "bfloat16"))),
@@ -21,6 +23,9 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--max-waiting", dict(type=int)),
     ("--drain-timeout", dict(type=float)),
     ("--seed", dict(type=int)),
+    # The gateway in this process takes these two as well (docs/observability.md).
+    ("--access-log", dict(choices=ACCESS_LOG_FORMATS, help="text (default), json or off, for every process")),
+    ("--otlp-traces-endpoint", dict(metavar="URL", help="OTLP/HTTP collector for every process's spans")),
 )
 
 
@@ -31,7 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
     p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
-    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
+    p.add_argument("--route-headers", action="store_true",
+                   help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold requests while no engine is ready (default 0; 120 with --autoscale)")
     engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")
@@ -51,13 +58,11 @@ def engine_args(args: argparse.Namespace) -> list[str]:
 
 
 def model_name(args: argparse.Namespace) -> str:
-    from pathlib import Path
-
-    from pagedkube.builtin import resolve_model
+    from pagedkube.model_source import resolve_model_source
 
     if args.served_model_name:
         return args.served_model_name
-    return Path(resolve_model(args.model)).name
+    return resolve_model_source(args.model).name
 
 
 def check_engine_args(argv: list[str]) -> None:
@@ -72,7 +77,9 @@ def check_engine_args(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from pagedkube.access_log import DEFAULT_ACCESS_LOG
     from pagedkube.gateway.local.supervisor import Supervisor, UpConfig
+    from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
     check_engine_args(argv)
@@ -80,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,
-                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0)
+                          route_headers=args.route_headers,
+                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0,
+                          observability=ObservabilityConfig(args.access_log or DEFAULT_ACCESS_LOG,
+                                                            args.otlp_traces_endpoint))
     except ValueError as e:
         print(f"pagedkube up: error: {e}", file=sys.stderr)
         return 2

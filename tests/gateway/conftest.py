@@ -87,25 +87,33 @@ class Processes:
     tmp: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def _spawn(self, name: str, args: list[str], port: int) -> Proc:
+    def _spawn(self, name: str, args: list[str], port: int, program: list[str] = PAGEDKUBE) -> Proc:
         log = self.tmp / f"{name}-{port}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
         with open(log, "wb") as out:
-            popen = subprocess.Popen(PAGEDKUBE + args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+            popen = subprocess.Popen(program + args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         proc = Proc(name, f"http://127.0.0.1:{port}", popen, log)
         self.procs.append(proc)
         return proc
 
     def engine(self, *extra: str, port: int | None = None) -> Proc:
         port = port or free_port()
+        model = [] if "--model" in extra else ["--model", "builtin://tiny"]   # the fast toy, not the default
         return self._spawn("engine", ["serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                                      *extra], port)
+                                      *model, *extra], port)
 
-    def gateway(self, endpoints: list[str], *extra: str) -> Proc:
+    def gateway(self, endpoints: list[str], *extra: str, route_headers: bool = True) -> Proc:
+        """A gateway; with `route_headers` (the tests read which engine answered) unless told otherwise."""
         port = free_port()
         return self._spawn("gateway", ["gateway", "--endpoints", ",".join(endpoints), "--host", "127.0.0.1",
                                        "--port", str(port), "--scrape-interval", "0.2", "--feed-interval", "0.1",
-                                       *extra], port)
+                                       *(["--route-headers"] if route_headers else []), *extra], port)
+
+    def vllm_router(self, endpoints: list[str], *extra: str) -> Proc:
+        """vLLM's router (`vllm-router` from PyPI) in front of `endpoints`."""
+        port = free_port()
+        return self._spawn("vllm-router", ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *endpoints,
+                                           *extra], port, program=[sys.executable, "-m", "vllm_router.launch_router"])
 
     def wait_ready(self, *procs: Proc, timeout: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout

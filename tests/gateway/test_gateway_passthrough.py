@@ -42,10 +42,12 @@ async def upstream_app(scope, receive, send):
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
-    if json.loads(body).get("stream"):
+    request = json.loads(body)
+    if request.get("stream"):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"x-upstream", b"yes")]})
-        for chunk in CHUNKS:
+        # "cut": the stream stops after half an event, with no [DONE] (a clean close all the same).
+        for chunk in CHUNKS if not request.get("cut") else CHUNKS[:2]:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await asyncio.sleep(0.01)
         await send({"type": "http.response.body", "body": b""})
@@ -82,3 +84,19 @@ def test_stream_bytes_are_untouched(upstream, processes, metric, wait_until):
     r = httpx.post(gw.url + "/v1/completions", json={"prompt": "abc"}, timeout=30)
     assert (r.status_code, r.content) == (201, JSON_BODY)
     wait_until(lambda: metric(gw.url, "pagedkube_gateway_realized_cached_tokens_total") == 2 + 7, timeout=10)
+
+
+def test_a_stream_that_ends_without_done_gets_an_error_event(upstream, processes, metric):
+    gw = processes.gateway([upstream])
+    processes.wait_ready(gw)
+    body = {"model": "m", "prompt": "abc", "stream": True, "cut": True}
+    with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=30) as r:
+        received = b"".join(r.iter_raw())
+        assert r.status_code == 200
+    # The whole first event, not the half of the second, then the error event; no [DONE].
+    first, _, error = received.partition(b"\r\n\r\n")
+    assert first + b"\r\n\r\n" == CHUNKS[0] and error.startswith(b"data: {") and error.endswith(b"}\n\n")
+    event = json.loads(error[len(b"data: "):])["error"]
+    assert event["type"] == "server_error" and "ended the stream without [DONE]" in event["message"]
+    assert metric(gw.url, "pagedkube_gateway_stream_errors_total", cause="eof") == 1
+    assert metric(gw.url, "pagedkube_gateway_requests_total", code="502") == 1

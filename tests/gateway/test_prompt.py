@@ -115,3 +115,22 @@ def test_cached_pieces_change_nothing(tokenizer):
     head = template_messages(session("Ada, a parrot", 1))
     assert len(warm._heads) == 2  # bounded
     assert list(warm._heads.values())[-1] == tokenizer.encode_chat(head, add_generation_prompt=False)
+
+
+def test_big_prompts_hash_alike_in_the_pool_and_on_the_loop(tokenizer):
+    """The pool's path (cached=False: no shared caches) gives what the event loop's gives,
+    and a head of ~200 K characters keyed from its text's prefix gives the key of its
+    whole encoding; token ids a block hash cannot encode route on the fallback key."""
+    hasher = PromptHasher(tokenizer, block_size=4, ring_key_blocks=8)
+    big = "My dog Rex is a 3 year old beagle who loves walks. " * 4000
+    messages = [SYSTEM, {"role": "user", "content": big}, {"role": "assistant", "content": "Yes."},
+                {"role": "user", "content": "And cats?"}]
+    pooled = hasher.routing_input("chat", {"messages": messages}, "t", cached=False)
+    assert pooled == hasher.routing_input("chat", {"messages": messages}, "t")
+    head_ids = tokenizer.encode_chat(template_messages(messages[:2]), add_generation_prompt=False)
+    assert pooled.ring_key == hashing.block_hashes(head_ids[:8 * 4], 4, cache_salt="t")[-1]
+    ids = tokenizer.encode_chat(template_messages(messages))
+    assert list(pooled.block_hashes) == hashing.block_hashes(ids, 4, cache_salt="t")
+    for prompt in ([-1, 5], [5, 2 ** 32]):
+        ri = hasher.routing_input("completion", {"prompt": prompt}, None)
+        assert not ri.tokenized and ri == hasher.fallback("completion", {"prompt": prompt}, None)

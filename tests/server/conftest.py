@@ -19,6 +19,7 @@ import openai
 import pytest
 
 MODEL_NAME = "tiny-test"
+TEST_MODEL = "builtin://tiny"   # the fast toy; PAGEDKUBE_TEST_MODEL runs the suite on another model
 API_KEY = "sk-test-123"
 START_TIMEOUT_S = 240   # model load on a busy 2-core CI box
 
@@ -57,8 +58,8 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServerProcess":
-        model = os.environ.get("PAGEDKUBE_TEST_MODEL")  # default: the built-in model
-        if model and "--model" not in self.args:
+        model = os.environ.get("PAGEDKUBE_TEST_MODEL") or TEST_MODEL
+        if "--model" not in self.args:
             self.args += ["--model", model]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._log = open(self.log_path, "wb")
@@ -137,4 +138,4 @@ def http(server):
 def offline():
     """The same engine in-process, for token-exact comparisons with the server."""
     from pagedkube.engine import LLM
-    return LLM(model=os.environ.get("PAGEDKUBE_TEST_MODEL"), device="cpu", max_model_len=512)
+    return LLM(model=os.environ.get("PAGEDKUBE_TEST_MODEL") or TEST_MODEL, device="cpu", max_model_len=512)

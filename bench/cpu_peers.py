@@ -1,0 +1,275 @@
+"""pagedkube against the CPU peers on the same GGUF file: llama.cpp and Hugging Face.
+
+One workload, pet-care chat sessions (bench/workloads.py: a shared system prompt, a per-dog
+profile, 3-5 user turns, each turn sent with the real replies so far), driven through the
+OpenAI API by C concurrent clients (each runs its sessions turn by turn, streaming):
+
+    pagedkube   `pagedkube serve --model FILE` (fp32 weights dequantized from the file)
+    llama.cpp   `python -m llama_cpp.server --model FILE` (llama-cpp-python, Q4_1 kernels);
+                its server runs one request at a time, so C clients queue
+    HF floor    transformers generate on the same file (fp32), one request at a time, in
+                process (1 client only: a server around it could not do better at C > 1)
+
+At C = 1, 8 and 32: output tokens/s, TTFT p50/p99 and ITL p50, and pagedkube's ratio to each
+peer. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
+where the step time goes. Greedy, max_tokens 32; EOS may end a reply early (both servers
+stop on it), so throughput counts the tokens each produced.
+
+llama-cpp-python builds from source (~17 min on 2 cores), so it lives in a cached venv outside
+the repository and never in CI:
+
+    python3 -m venv ~/.cache/pagedkube/bench-venv
+    ~/.cache/pagedkube/bench-venv/bin/pip install 'llama-cpp-python[server]==0.3.36'
+    .venv/bin/python bench/cpu_peers.py [--clients 1,8,32] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import Session, petcare_chat  # noqa: E402
+
+LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
+MAX_TOKENS = 32
+THREADS = 2          # the machine's cores; both engines get all of them
+
+
+def sessions(num: int, seed: int = 0) -> list[Session]:
+    """petcare_chat with 3-5 turns per session (seeded)."""
+    rng = random.Random(seed)
+    out = petcare_chat(num_sessions=num, turns=5, seed=seed, max_tokens=MAX_TOKENS).sessions
+    for s in out:
+        s.user_turns = s.user_turns[:rng.randint(3, 5)]
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def _turn(client, model: str, messages: list[dict], rec: dict) -> str:
+    start = time.perf_counter()
+    stamps, text = [], []
+    stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
+                                                  temperature=0.0, stream=True)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            stamps.append(time.perf_counter())
+            text.append(chunk.choices[0].delta.content)
+    if stamps:
+        rec["ttft"].append(stamps[0] - start)
+        rec["itl"] += [b - a for a, b in zip(stamps, stamps[1:])]
+    rec["tokens"] += len(stamps)
+    return "".join(text)
+
+
+async def drive(url: str, model: str, clients: int) -> dict:
+    import openai
+    work = sessions(max(2, clients))
+    rec = {"ttft": [], "itl": [], "tokens": 0}
+    queue: asyncio.Queue = asyncio.Queue()
+    for s in work:
+        queue.put_nowait(s)
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+        async def worker():
+            while not queue.empty():
+                s = queue.get_nowait()
+                for turn in range(s.num_turns):
+                    s.replies.append(await _turn(client, model, s.messages(turn), rec))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - start
+    return summary(rec, wall, len(work))
+
+
+def summary(rec: dict, wall: float, num_sessions: int) -> dict:
+    return {"sessions": num_sessions, "output_tokens": rec["tokens"], "wall_s": round(wall, 1),
+            "tok_s": rec["tokens"] / wall, "ttft_p50_ms": 1e3 * pct(rec["ttft"], 0.5),
+            "ttft_p99_ms": 1e3 * pct(rec["ttft"], 0.99), "itl_p50_ms": 1e3 * pct(rec["itl"], 0.5)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, ready_path: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[:4]} exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(proc)
+    raise RuntimeError(f"{cmd[:4]} not ready; see {log}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path) -> dict:
+    proc = start(cmd, port, ready, logdir / f"{name}.log")
+    try:
+        asyncio.run(drive(f"http://127.0.0.1:{port}", model, 1))          # warm-up (one 2-turn pair)
+        return {c: asyncio.run(drive(f"http://127.0.0.1:{port}", model, c)) for c in levels}
+    finally:
+        stop(proc)
+
+
+def run_hf(gguf: Path) -> dict:
+    """transformers generate, one request at a time, timed per token by a streamer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.generation.streamers import BaseStreamer
+    torch.set_num_threads(THREADS)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+
+    class Stamps(BaseStreamer):
+        def __init__(self):
+            self.times, self.first = [], True
+
+        def put(self, value):
+            if self.first:          # the prompt
+                self.first = False
+            else:
+                self.times.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    rec = {"ttft": [], "itl": [], "tokens": 0}
+    work = sessions(2)
+    start_all = time.perf_counter()
+    with torch.inference_mode():
+        for s in work:
+            for turn in range(s.num_turns):
+                ids = tok.apply_chat_template(s.messages(turn), add_generation_prompt=True, return_tensors="pt",
+                                              return_dict=True)["input_ids"]
+                st, t0 = Stamps(), time.perf_counter()
+                out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, streamer=st,
+                                     pad_token_id=tok.pad_token_id)
+                new = out[0, ids.shape[1]:]
+                s.replies.append(tok.decode(new, skip_special_tokens=True))
+                rec["ttft"].append(st.times[0] - t0)
+                rec["itl"] += [b - a for a, b in zip(st.times, st.times[1:])]
+                rec["tokens"] += len(new)
+    return {1: summary(rec, time.perf_counter() - start_all, len(work))}
+
+
+def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
+    """Where one decode step of num_seqs sequences spends its time (torch.profiler, CPU)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pagedkube.engine import LLM, SamplingParams
+    llm = LLM(str(gguf), device="cpu", max_num_seqs=num_seqs, max_model_len=1024)
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode_chat(s.messages(0)) for s in sessions(num_seqs)]
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"p{i}", p, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
+    while any(s.num_computed_tokens < len(s.prompt_token_ids) for s in engine.scheduler.running + engine.scheduler.waiting):
+        engine.step()                                      # prefill everything first
+    run = engine.runner.execute
+    timing = {"execute": 0.0}
+
+    def timed(batch):
+        t = time.perf_counter()
+        try:
+            return run(batch)
+        finally:
+            timing["execute"] += time.perf_counter() - t
+    engine.runner.execute = timed
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    wall = time.perf_counter() - t0
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total_us = sum(e.self_cpu_time_total for e in ops)
+    return {"seqs": num_seqs, "steps": steps, "step_ms": 1e3 * wall / steps,
+            "runner_share": timing["execute"] / wall,
+            "top_ops": [{"op": e.key, "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+                         "share": e.self_cpu_time_total / total_us, "calls_per_step": e.count / steps}
+                        for e in ops[:12]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a GGUF file (default: smollm2-135m-instruct's)")
+    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--skip", default="", help="comma list of peers to skip: llamacpp,hf,profile")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
+    args = parser.parse_args()
+    from pagedkube.model_source import resolve_model_source
+    source = resolve_model_source(args.model)
+    gguf, skip = source.path, set(filter(None, args.skip.split(",")))
+    results: dict = {"model": str(gguf), "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    port = free_port()
+    results["pagedkube"] = run_server(
+        "pagedkube", [sys.executable, "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
+                      "--device", "cpu", "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
+                      "--log-level", "warning"], port, "/ready", source.name, args.clients, args.logdir)
+    if "llamacpp" not in skip:
+        port = free_port()
+        results["llamacpp"] = run_server(
+            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
+                         "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
+                         "--model_alias", source.name, "--verbose", "False"],
+            port, "/v1/models", source.name, args.clients, args.logdir)
+    if "hf" not in skip:
+        results["hf"] = run_hf(gguf)
+    for peer in ("llamacpp", "hf"):
+        if peer in results:
+            results[f"ratio_vs_{peer}"] = {c: results["pagedkube"][c]["tok_s"] / results[peer][c]["tok_s"]
+                                          for c in results[peer] if c in results["pagedkube"]}
+    if "profile" not in skip:
+        results["profile_32"] = profile_step(gguf)
+    print(json.dumps(results, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()

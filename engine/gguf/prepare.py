@@ -1,0 +1,96 @@
+"""A GGUF file's config and tokenizer as Hugging Face files, converted once and cached.
+
+The engine and the gateway speak Hugging Face files (config.json, tokenizer.json,
+tokenizer_config.json, chat_template.jinja; the gateway gets the tokenizer ones over
+GET /v1/cache/tokenizer and has no transformers). A GGUF keeps all of it as metadata,
+so we convert: the config with engine/gguf/config.py, the tokenizer with transformers'
+own GGUF tokenizer builder (AutoTokenizer.from_pretrained(dir, gguf_file=...), then
+save_pretrained). Using transformers' converter itself is what makes our token ids and
+rendered chats equal to transformers' for the same file; it costs seconds (importing
+transformers, building 49K merges), so the result is cached:
+
+    <cache>/gguf/<sha256 of the file>-v<CONVERTER_VERSION>/   config.json, tokenizer files, done.json
+
+Keyed by content, never by path or mtime, so a changed file can never meet a stale
+conversion; CONVERTER_VERSION changes when what we write changes. Written into a
+temporary sibling and renamed into place, so concurrent engines (`pagedkube up` starts
+two) never see a half-written folder. The weights are not cached: they are dequantized
+from the file at every load (engine/gguf/weights.py), which takes about as long as
+reading a converted copy would.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pagedkube.engine.gguf.config import gguf_config
+from pagedkube.engine.gguf.reader import GGUFFile, file_sha256
+
+log = logging.getLogger(__name__)
+
+CONVERTER_VERSION = 1
+DONE_FILE = "done.json"
+CACHE_ENV = "PAGEDKUBE_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """$PAGEDKUBE_CACHE_DIR, else $XDG_CACHE_HOME/pagedkube, else ~/.cache/pagedkube; a folder
+    under the system temp dir when that is not writable (a read-only container root)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedkube"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / "pagedkube-cache"
+
+
+def write_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
+    """transformers' tokenizer for this GGUF, saved as the files pagedkube.tokenizer reads."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ValueError("converting a GGUF tokenizer needs transformers (pip install 'pagedkube[engine]')") from e
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except (ValueError, KeyError, OSError) as e:
+        raise ValueError(f"{gguf_path.name}: cannot build its tokenizer from the GGUF metadata: {e}") from None
+    tok.save_pretrained(str(out_dir))
+    if not (out_dir / "tokenizer.json").is_file():
+        raise ValueError(f"{gguf_path.name}: transformers wrote no tokenizer.json for this GGUF")
+
+
+def gguf_model_dir(gguf_path: str | Path) -> Path:
+    """The converted folder for this file (made now if the cache lacks it)."""
+    path = Path(gguf_path)
+    sha = file_sha256(path)
+    root = cache_root() / "gguf"
+    out = root / f"{sha}-v{CONVERTER_VERSION}"
+    if (out / DONE_FILE).is_file():
+        return out
+    f = GGUFFile(path)
+    config = gguf_config(f)      # unsupported architectures fail here, before any conversion
+    f.check_types()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=root))
+    try:
+        log.info("converting %s (sha256 %s) into %s", path.name, sha[:12], out)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        write_tokenizer_files(path, tmp)
+        (tmp / DONE_FILE).write_text(json.dumps({"sha256": sha, "source_name": path.name,
+                                                 "converter_version": CONVERTER_VERSION}))
+        try:
+            tmp.rename(out)
+        except OSError:          # another process finished first: keep its folder
+            if not (out / DONE_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

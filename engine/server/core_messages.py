@@ -1,0 +1,101 @@
+"""What crosses the pipe between the HTTP process and the engine core: named types only.
+
+    HTTP process                                        engine core
+    AddRequests([NewRequest, ...])   ---------------->  LLMEngine.add_request each (400 on ValueError)
+    AbortRequests([request_id, ...]) ---------------->  LLMEngine.abort_request each
+    Shutdown()                       ---------------->  fail what runs (503), exit
+                                     <----------------  CoreReady(EngineFacts) | CoreFailed(message)
+                                     <----------------  StepMessage after every step that did
+                                                        something, and at least every
+                                                        HEARTBEAT_INTERVAL_S while idle
+
+A StepMessage carries each progressing request's RequestDelta (new tokens only),
+the add errors, the pool's KV events and a stats snapshot, so per-step IPC is
+O(batch x new tokens). They are pickled: measured in docs/benchmarks.md
+("engine-core IPC"), pickling a 256-request step costs well under a millisecond.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedkube.engine.outputs import RequestDelta
+
+# The core speaks at least this often while idle, so the HTTP side can tell a live
+# core from a hung one (core_client.HEARTBEAT_TIMEOUT_S).
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: Any                 # SamplingParams
+    cache_salt: str | None = None
+    group: str | None = None    # the fairness group: one HTTP request's prompts share it
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequests:
+    requests: list[NewRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequests:
+    request_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """What the HTTP process needs to know about the engine, sent once after it is built."""
+    tokenizer_files: dict | None
+    vocab_size: int
+    model_name: str
+    max_model_len: int
+    block_size: int
+    hash_seed: str
+    num_kv_blocks: int
+    eos_token_ids: list[int]
+    stats: Any                  # EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class CoreReady:
+    facts: EngineFacts
+
+
+@dataclass(frozen=True, slots=True)
+class CoreFailed:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestError:
+    request_id: str
+    status: int                 # the HTTP status the client gets (400: its fault, 500: ours)
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    type: str                   # "stored" | "removed" (kv_events.EVENT_TYPES)
+    block_hashes: list[bytes]
+
+
+@dataclass(slots=True)
+class StepMessage:
+    deltas: list[RequestDelta] = field(default_factory=list)
+    errors: list[RequestError] = field(default_factory=list)
+    kv_events: list[KVEvent] = field(default_factory=list)
+    num_adds: int = 0           # sequences (n per request) the core took from the pipe
+    stats: Any = None           # EngineStats after the step
+    healthy: bool = True        # False after MAX_CONSECUTIVE_STEP_FAILURES failed steps
+
+    @property
+    def empty(self) -> bool:
+        return not (self.deltas or self.errors or self.kv_events or self.num_adds)

