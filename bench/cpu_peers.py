@@ -11,7 +11,9 @@ OpenAI API by C concurrent clients (each runs its sessions turn by turn, streami
                 process (1 client only: a server around it could not do better at C > 1)
 
 At C = 1, 8 and 32: output tokens/s, TTFT p50/p99 and ITL p50, and pagedkube's ratio to each
-peer. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
+peer; also output tokens per CPU-second of the server's processes (psutil: the server and its
+children), the ratio that survives a shared machine, where wall time mostly measures the
+neighbours. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
 where the step time goes. Greedy, max_tokens 32; EOS may end a reply early (both servers
 stop on it), so throughput counts the tokens each produced.
 
@@ -136,11 +138,32 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def cpu_seconds(pid: int) -> float:
+    import psutil
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path) -> dict:
     proc = start(cmd, port, ready, logdir / f"{name}.log")
     try:
         asyncio.run(drive(f"http://127.0.0.1:{port}", model, 1))          # warm-up (one 2-turn pair)
-        return {c: asyncio.run(drive(f"http://127.0.0.1:{port}", model, c)) for c in levels}
+        out = {}
+        for c in levels:
+            cpu = cpu_seconds(proc.pid)
+            out[c] = asyncio.run(drive(f"http://127.0.0.1:{port}", model, c))
+            out[c]["server_cpu_s"] = cpu_seconds(proc.pid) - cpu
+            out[c]["tok_per_cpu_s"] = out[c]["output_tokens"] / out[c]["server_cpu_s"]
+            print(name, c, json.dumps(out[c]), flush=True)
+        return out
     finally:
         stop(proc)
 
@@ -169,7 +192,7 @@ def run_hf(gguf: Path) -> dict:
 
     rec = {"ttft": [], "itl": [], "tokens": 0}
     work = sessions(2)
-    start_all = time.perf_counter()
+    start_all, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for s in work:
             for turn in range(s.num_turns):
@@ -183,7 +206,11 @@ def run_hf(gguf: Path) -> dict:
                 rec["ttft"].append(st.times[0] - t0)
                 rec["itl"] += [b - a for a, b in zip(st.times, st.times[1:])]
                 rec["tokens"] += len(new)
-    return {1: summary(rec, time.perf_counter() - start_all, len(work))}
+    out = summary(rec, time.perf_counter() - start_all, len(work))
+    out["server_cpu_s"] = time.process_time() - cpu
+    out["tok_per_cpu_s"] = out["output_tokens"] / out["server_cpu_s"]
+    print("hf", 1, json.dumps(out), flush=True)
+    return {1: out}
 
 
 def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
@@ -239,7 +266,8 @@ def main() -> None:
     port = free_port()
     results["pagedkube"] = run_server(
         "pagedkube", [sys.executable, "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
-                      "--device", "cpu", "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
+                      "--served-model-name", source.name, "--device", "cpu", "--max-num-seqs", str(max(args.clients)),
+                      "--max-model-len", "2048",
                       "--log-level", "warning"], port, "/ready", source.name, args.clients, args.logdir)
     if "llamacpp" not in skip:
         port = free_port()
@@ -254,6 +282,9 @@ def main() -> None:
         if peer in results:
             results[f"ratio_vs_{peer}"] = {c: results["pagedkube"][c]["tok_s"] / results[peer][c]["tok_s"]
                                           for c in results[peer] if c in results["pagedkube"]}
+    if "llamacpp" in results:
+        results["cpu_ratio_vs_llamacpp"] = {c: results["pagedkube"][c]["tok_per_cpu_s"]
+                                            / results["llamacpp"][c]["tok_per_cpu_s"] for c in results["llamacpp"]}
     if "profile" not in skip:
         results["profile_32"] = profile_step(gguf)
     print(json.dumps(results, indent=2))
