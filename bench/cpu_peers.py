@@ -261,40 +261,41 @@ def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
 
 
 def main() -> None:
+    global THREADS   # one value for the servers' env, llama.cpp's --n_threads and the in-process runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a GGUF file (default: smollm2-135m-instruct's)")
     parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    parser.add_argument("--skip", default="", help="comma list of peers to skip: llamacpp,hf,profile")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=THREADS, help="threads per engine (default 1)")
     parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
-    global THREADS
     THREADS = args.threads
     from pagedkube.model_source import resolve_model_source
     source = resolve_model_source(args.model)
     gguf, skip = source.path, set(filter(None, args.skip.split(",")))
     results: dict = {"model": str(gguf), "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     port = free_port()
-    results["pagedkube"] = run_server(
-        "pagedkube", [sys.executable, "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
-                      "--served-model-name", source.name, "--device", "cpu", "--max-num-seqs", str(max(args.clients)),
-                      "--max-model-len", "2048",
-                      "--log-level", "warning"], port, "/ready", source.name, args.clients, args.logdir)
+    if "pagedkube" not in skip:
+        results["pagedkube"] = run_server(
+            "pagedkube", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
+                          "--served-model-name", source.name, "--device", "cpu", "--max-num-seqs",
+                          str(max(args.clients)), "--max-model-len", "2048", "--log-level", "warning"],
+            port, "/ready", source.name, args.clients, args.logdir)
     if "llamacpp" not in skip:
         port = free_port()
         results["llamacpp"] = run_server(
-            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
+            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-P", "-m", "llama_cpp.server", "--model", str(gguf),
                          "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
                          "--model_alias", source.name, "--verbose", "False"],
             port, "/v1/models", source.name, args.clients, args.logdir)
     if "hf" not in skip:
         results["hf"] = run_hf(gguf)
     for peer in ("llamacpp", "hf"):
-        if peer in results:
+        if peer in results and "pagedkube" in results:
             results[f"ratio_vs_{peer}"] = {c: results["pagedkube"][c]["tok_s"] / results[peer][c]["tok_s"]
                                           for c in results[peer] if c in results["pagedkube"]}
-    if "llamacpp" in results:
+    if "llamacpp" in results and "pagedkube" in results:
         results["cpu_ratio_vs_llamacpp"] = {c: results["pagedkube"][c]["tok_per_cpu_s"]
                                             / results["llamacpp"][c]["tok_per_cpu_s"] for c in results["llamacpp"]}
     if "profile" not in skip:
