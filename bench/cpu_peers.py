@@ -287,7 +287,8 @@ def main() -> None:
         results["llamacpp"] = run_server(
             "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-P", "-m", "llama_cpp.server", "--model", str(gguf),
                          "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
-                         "--model_alias", source.name, "--verbose", "False"],
+                         "--model_alias", source.name, "--verbose", "False",
+                         "--interrupt_requests", "False"],   # its default cancels a stream when the next request arrives
             port, "/v1/models", source.name, args.clients, args.logdir)
     if "hf" not in skip:
         results["hf"] = run_hf(gguf)
