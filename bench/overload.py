@@ -13,7 +13,7 @@ rejecting (503 queue_full), never by failing (5xx other than 503, broken
 streams) or hanging.
 
     .venv/bin/python bench/overload.py                  # built-in model, CPU
-    .venv/bin/python bench/overload.py --max-waiting 256 --seconds 30
+    .venv/bin/python bench/overload.py --max-num-seqs 8 --max-waiting 32   # a small engine: rejections
 
 Results: a table on stdout, bench/out/overload.json; docs/benchmarks.md "Overload".
 """
@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=60.0, help="a request not done in this many s failed")
     ap.add_argument("--max-waiting", type=int, default=None, help="the server's --max-waiting (default: its own)")
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="the server's --max-num-seqs (default: its own)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     ap.add_argument("--out", default="bench/out/overload.json")
     args = ap.parse_args()
@@ -141,6 +142,8 @@ def main() -> int:
         cmd += ["--model", args.model]
     if args.max_waiting is not None:
         cmd += ["--max-waiting", str(args.max_waiting)]
+    if args.max_num_seqs is not None:
+        cmd += ["--max-num-seqs", str(args.max_num_seqs)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     server = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:

@@ -1,7 +1,7 @@
 """Routing benchmark: prefix-aware routing vs round-robin and least-load.
 
     .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 320] [--sessions 32] [--concurrency 32]
-                                      [--think-ms 500] [--load-bound 1.25,1.5] [--seed 0]
+                                      [--think-ms 500] [--load-bound 1.5] [--old-default] [--seed 0]
                                       [--only overhead|WORKLOAD] [--out build/bench/routing]
 
 Starts N engines (`pagedkube serve`, built-in model, a small KV pool each) and
@@ -363,7 +363,7 @@ def routing_only(bodies: list[dict]) -> float:
     from pagedkube.tokenizer import Tokenizer
 
     hasher = PromptHasher(Tokenizer.from_pretrained(REPO / "pagedkube" / "builtin" / "tiny"))
-    picker = PrefixPicker(PrefixIndex(), BoundedLoad(1.25), RingCache())
+    picker = PrefixPicker(PrefixIndex(), BoundedLoad(), RingCache())
     pods = [f"http://10.0.0.{i}:8000" for i in range(4)]
     times = []
     for body in bodies * 2:
@@ -400,8 +400,9 @@ def chart(results: dict, path: Path) -> None:
 
 
 async def bench(args: argparse.Namespace, procs: Procs) -> dict:
-    common = ["-m", "pagedkube", "serve", "--device", args.device, "--served-model-name", MODEL,
-              "--max-model-len", "1024", "--max-num-seqs", "16"]
+    # The built-in tiny model, as in every run recorded in docs/benchmarks.md (serve's default is now a GGUF).
+    common = ["-m", "pagedkube", "serve", "--model", "builtin://tiny", "--device", args.device,
+              "--served-model-name", MODEL, "--max-model-len", "1024", "--max-num-seqs", "16"]
     engines = [procs.start(f"engine{i}", [*common, "--num-kv-blocks", str(args.kv_blocks)])
                for i in range(args.engines)]
     ideal = procs.start("ideal", [*common, "--num-kv-blocks", str(args.kv_blocks * args.engines)])
@@ -409,11 +410,16 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     # (policy name, --routing, load bound): the prefix router once per bound.
     setups = [(p, p, args.load_bound[0]) for p in POLICIES if p != "prefix"]
     setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c) for i, c in enumerate(args.load_bound)]
+    extra = {}
+    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
+        setups.append(("prefix old", "prefix", 1.25))
+        extra["prefix old"] = ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]
     gateways, bounds = {}, {}
     for name, routing, c in setups:
         gateways[name] = procs.start(f"gateway-{name.replace(' ', '-')}",
                                      ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
-                                      "--routing", routing, "--load-bound", str(c), "--route-headers"])
+                                      "--routing", routing, "--load-bound", str(c), "--route-headers",
+                                      *extra.get(name, [])])
         bounds[name] = c
     gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal,
                                                       "--route-headers"])
@@ -451,9 +457,12 @@ def main() -> int:
     parser.add_argument("--kv-blocks", type=int, default=320, help="KV blocks per engine (the ideal has N times)")
     parser.add_argument("--concurrency", type=int, default=32, help="sessions in flight at once")
     parser.add_argument("--sessions", type=int, default=32, help="petcare_chat sessions (8 turns each)")
-    parser.add_argument("--load-bound", type=lambda v: [float(c) for c in v.split(",")], default=[1.25, 1.5],
-                        help="c for the prefix router; a list runs it once per value (default 1.25,1.5; "
+    parser.add_argument("--load-bound", type=lambda v: [float(c) for c in v.split(",")], default=[1.5],
+                        help="c for the prefix router; a list runs it once per value (default 1.5; "
                              "the baselines and the overhead run use the first)")
+    parser.add_argument("--old-default", action="store_true",
+                        help="also run the prefix router with the defaults before the simulator (c = 1.25, "
+                             "--load-floor 0, --ring-key-blocks 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(REPO / "build" / "bench" / "routing"))

@@ -99,16 +99,16 @@ async def one_request(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], p
     return {"ttft": first - start, "itl": gaps, "tokens": tokens}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its live descendants (Linux /proc): the
-    server is two processes, the HTTP process and its engine-core process."""
+def cpu_seconds(pid: int, tree: bool = True) -> float:
+    """User + system CPU time of a process and (tree) its live descendants (Linux /proc):
+    the server is two processes, the HTTP process and its engine-core process."""
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            for task in Path(f"/proc/{p}/task").iterdir():
+            for task in Path(f"/proc/{p}/task").iterdir() if tree else ():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
@@ -130,17 +130,20 @@ async def run_level(url: str, prompts: list[str], concurrency: int, output_len: 
             conn[1].close()
 
     server_cpu = cpu_seconds(server_pid) if server_pid else 0.0
+    http_cpu = cpu_seconds(server_pid, tree=False) if server_pid else 0.0
     client_cpu = time.process_time()
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     client_cpu = time.process_time() - client_cpu
     server_cpu = (cpu_seconds(server_pid) - server_cpu) if server_pid else float("nan")
+    http_cpu = (cpu_seconds(server_pid, tree=False) - http_cpu) if server_pid else float("nan")
     itl = [g for r in results for g in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     assert tokens == len(prompts) * output_len, (tokens, len(prompts), output_len)
     return {"requests": len(results), "output_tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
             "server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "tok_per_server_cpu_s": tokens / server_cpu,
+            "http_cpu_ms_per_token": 1000 * http_cpu / tokens,
             "ttft_p50_ms": 1e3 * percentile([r["ttft"] for r in results], 0.5),
             "ttft_p99_ms": 1e3 * percentile([r["ttft"] for r in results], 0.99),
             "itl_p50_ms": 1e3 * percentile(itl, 0.5), "itl_p99_ms": 1e3 * percentile(itl, 0.99)}
@@ -236,8 +239,8 @@ def main() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
     print("\n| clients | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | server tok/s | offline tok/s "
-          "| server / offline (median, range) | tok per CPU-s: server / offline |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| server / offline (median, range) | tok per CPU-s: server / offline | HTTP process CPU ms / token |")
+    print("|---|---|---|---|---|---|---|---|---|")
     server, offline = {}, {}
     for c in args.levels:
         ratios = sorted(sv["tok_s"] / of["tok_s"] for sv, of in pairs[c])
@@ -246,7 +249,7 @@ def main() -> None:
         spread = f" ({ratios[0]:.0%}-{ratios[-1]:.0%})" if len(ratios) > 1 else ""
         print(f"| {c} | {s_['requests']} | {s_['ttft_p50_ms']:.1f} / {s_['ttft_p99_ms']:.1f} | "
               f"{s_['itl_p50_ms']:.1f} / {s_['itl_p99_ms']:.1f} | {s_['tok_s']:.1f} | {o['tok_s']:.1f} | "
-              f"**{statistics.median(ratios):.0%}**{spread} | {s_['tok_per_server_cpu_s']:.0f} / {o['tok_per_cpu_s']:.0f} |")
+              f"**{statistics.median(ratios):.0%}**{spread} | {s_['tok_per_server_cpu_s']:.0f} / {o['tok_per_cpu_s']:.0f} | {s_['http_cpu_ms_per_token']:.3f} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "server": server, "offline": offline}, indent=2))

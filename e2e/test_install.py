@@ -34,6 +34,10 @@ API_MESSAGES = {
     "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
     "engine key without name": "spec.engine.apiKeySecretRef.name: Required value",
+    "no key but a key secret": "spec.engine: Invalid value: engine.requireApiKey false contradicts "
+                               "engine.apiKeySecretRef; drop one",
+    "empty metrics peer": "spec.networkPolicy.metricsFrom[0]: Invalid value: 0: spec.networkPolicy.metricsFrom[0] "
+                          "in body should have at least 1 properties",
 }
 
 
@@ -73,7 +77,7 @@ def test_fixed_spec_is_accepted_with_defaults(installed: Kube) -> None:
     try:
         got = installed.json("get", "llms", "e2e-fixed", "-n", "e2e-valid")
         assert got["spec"]["engine"]["blockSize"] == 16  # structural defaulting by the API server
-        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.25}
+        assert got["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
         assert got["spec"]["autoscaling"]["targetQueueDepth"] == 4
     finally:
         installed.run("delete", "namespace", "e2e-valid", "--wait=false")

@@ -1,11 +1,13 @@
 """The operator, as a process with its ServiceAccount's token, against the real
-control plane: the CPU example becomes Ready (kwok runs the pods), scales through
-the scale subresource, has hand edits put back, and is garbage-collected.
+control plane: the CPU example becomes Ready (kwok runs the pods) secure by default
+(a generated engine Secret, a NetworkPolicy, the key and hash seed by secretKeyRef),
+scales through the scale subresource, has hand edits put back, and is garbage-collected.
 
 The tests run in file order on one LLMService (each step builds on the last).
 """
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -19,7 +21,9 @@ EXAMPLE = ROOT / "manifests" / "examples" / "llmservice.yaml"
 CHILDREN = [("deployment", f"{NAME}-engine"), ("deployment", f"{NAME}-gateway"),
             ("service", f"{NAME}-engine"), ("service", NAME), ("serviceaccount", f"{NAME}-gateway"),
             ("role", f"{NAME}-gateway"), ("rolebinding", f"{NAME}-gateway"),
-            ("poddisruptionbudget", f"{NAME}-engine")]
+            ("poddisruptionbudget", f"{NAME}-engine"), ("networkpolicy", f"{NAME}-engine"),
+            ("secret", f"{NAME}-engine-secret")]
+GENERATED = f"{NAME}-engine-secret"
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +76,39 @@ def test_example_becomes_ready_with_owned_children(llms: Kube, operator) -> None
     assert llms.json("get", "service", f"{NAME}-engine", "-n", NS)["spec"]["clusterIP"] == "None"
 
 
+def env_of(kube: Kube, deployment: str) -> list[dict]:
+    d = kube.get("deployment", deployment, NS)
+    return d["spec"]["template"]["spec"]["containers"][0].get("env", []) if d else []
+
+
+def secret_ref(secret: str, key: str) -> dict:
+    return {"secretKeyRef": {"name": secret, "key": key}}
+
+
+def test_secure_by_default_secret_network_policy_and_env(llms: Kube, operator) -> None:
+    """The API server accepted and stored what the builders made: a random key and seed, a
+    NetworkPolicy admitting only this gateway and Prometheus, both read by secretKeyRef."""
+    secret = llms.get("secret", GENERATED, NS)
+    values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert sorted(values) == ["api-key", "hash-seed"]
+    assert all(len(v) >= 43 for v in values.values()) and values["api-key"] != values["hash-seed"]
+    policy = llms.get("networkpolicy", f"{NAME}-engine", NS)
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
+    assert [rule["from"] for rule in policy["spec"]["ingress"]] == [
+        [{"podSelector": {"matchLabels": {"app.kubernetes.io/component": "gateway",
+                                          "app.kubernetes.io/instance": NAME, "app.kubernetes.io/name": "pagedkube"}}}],
+        [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]]
+    assert {"name": "PAGEDKUBE_API_KEY", "valueFrom": secret_ref(GENERATED, "api-key")} in env_of(llms, f"{NAME}-engine")
+    assert {"name": "PAGEDKUBE_HASH_SEED", "valueFrom": secret_ref(GENERATED, "hash-seed")} in \
+        env_of(llms, f"{NAME}-engine")
+    assert {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": secret_ref(GENERATED, "api-key")} in \
+        env_of(llms, f"{NAME}-gateway")
+    for deployment in (f"{NAME}-engine", f"{NAME}-gateway"):
+        assert values["api-key"] not in json.dumps(llms.get("deployment", deployment, NS))
+    args = llms.get("deployment", f"{NAME}-gateway", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--route-headers" not in args
+
+
 def test_kubectl_get_llms_prints_the_columns(llms: Kube) -> None:
     out = llms.run("get", "llms", "-n", NS).stdout.splitlines()
     assert out[0].split() == ["NAME", "MODEL", "REPLICAS", "READY", "URL", "AGE"]
@@ -108,22 +145,22 @@ def test_a_hand_edit_of_a_child_is_put_back(llms: Kube, operator) -> None:
     assert events, "no Restored event"
 
 
-def test_an_engine_api_key_reaches_both_deployments(llms: Kube, operator) -> None:
+def test_your_own_engine_key_replaces_the_generated_one(llms: Kube, operator) -> None:
     """spec.engine.apiKeySecretRef, accepted by the real API server, becomes a secretKeyRef
-    on the engines (PAGEDKUBE_API_KEY) and the gateway (PAGEDKUBE_ENGINE_API_KEY)."""
+    on the engines (PAGEDKUBE_API_KEY) and the gateway (PAGEDKUBE_ENGINE_API_KEY); the
+    generated Secret stays as it was and still gives the hash seed."""
+    before = llms.get("secret", GENERATED, NS)["data"]
     llms.run("create", "secret", "generic", "tiny-engine-key", "-n", NS, "--from-literal=api-key=e2e-key")
     llms.run("patch", "llms", NAME, "-n", NS, "--type=merge",
              "-p", '{"spec":{"engine":{"apiKeySecretRef":{"name":"tiny-engine-key"}}}}')
-    ref = {"secretKeyRef": {"name": "tiny-engine-key", "key": "api-key"}}
-
-    def env_of(deployment: str) -> list[dict]:
-        d = llms.get("deployment", deployment, NS)
-        return d["spec"]["template"]["spec"]["containers"][0].get("env", []) if d else []
-
-    wait_for(lambda: {"name": "PAGEDKUBE_API_KEY", "valueFrom": ref} in env_of(f"{NAME}-engine"),
+    ref = secret_ref("tiny-engine-key", "api-key")
+    wait_for(lambda: {"name": "PAGEDKUBE_API_KEY", "valueFrom": ref} in env_of(llms, f"{NAME}-engine"),
              "the engine Deployment reads the key from the Secret")
-    wait_for(lambda: {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": ref} in env_of(f"{NAME}-gateway"),
+    wait_for(lambda: {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": ref} in env_of(llms, f"{NAME}-gateway"),
              "the gateway Deployment reads the key from the Secret")
+    assert {"name": "PAGEDKUBE_HASH_SEED", "valueFrom": secret_ref(GENERATED, "hash-seed")} in \
+        env_of(llms, f"{NAME}-engine")
+    assert llms.get("secret", GENERATED, NS)["data"] == before   # never rotated by reconcile
     assert "e2e-key" not in json.dumps(llms.get("deployment", f"{NAME}-engine", NS))
     wait_for(lambda: ready_with(llms, 1, operator), "Ready again after the rollout")
 

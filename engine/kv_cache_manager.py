@@ -31,7 +31,6 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hash_seed = hash_seed
-        self._blocks: dict[Sequence, list[KVCacheBlock]] = {}
         self._hashes: dict[Sequence, list[bytes]] = {}
         self._num_cached_blocks: dict[Sequence, int] = {}  # leading blocks already registered
         # vLLM's counters, in tokens: queried = prompt (+ output, after preemption) tokens
@@ -67,7 +66,7 @@ class KVCacheManager:
         16-token prompt with block_size 16 gets none, a 17-token prompt one).
         Pure: takes no references (allocate_slots does).
         """
-        assert seq not in self._blocks, "prefix lookup for a sequence that already holds blocks"
+        assert not self.holds_blocks(seq), "prefix lookup for a sequence that already holds blocks"
         if not self.enable_caching:
             return []
         bs = self.block_size
@@ -92,7 +91,7 @@ class KVCacheManager:
         hits count against free capacity (PITFALLS: "Capacity accounting").
         """
         assert num_new_tokens > 0, num_new_tokens
-        held = self._blocks.get(seq, [])
+        held = seq.block_table.blocks
         if computed_blocks is None and len(held) * self.block_size >= seq.num_computed_tokens + num_new_tokens:
             return []   # the common decode step: the last block still has room
         computed = list(computed_blocks or ())
@@ -106,28 +105,24 @@ class KVCacheManager:
         self.pool.touch(computed)
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         assert new_blocks is not None
-        blocks = self._blocks.setdefault(seq, held)
-        blocks += computed
-        blocks += new_blocks
-        seq.block_table.extend(b.block_id for b in computed + new_blocks)
+        seq.block_table.append_blocks(computed + new_blocks)
         if computed_blocks is not None:
             self._num_cached_blocks[seq] = len(computed)
             if self.enable_caching:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hits += len(computed) * self.block_size
-        assert len(seq.block_table) == len(blocks)
         return new_blocks
 
     def cache_blocks(self, seq: Sequence) -> None:
         """Register seq's full blocks whose KV is now computed (call after the step)."""
-        if not self.enable_caching or seq not in self._blocks:
+        if not self.enable_caching or not self.holds_blocks(seq):
             return
         num_full = seq.num_computed_tokens // self.block_size
         start = self._num_cached_blocks.get(seq, 0)
         if num_full <= start:
             return
         hashes = self.block_hashes(seq)[:num_full]
-        self.pool.cache_full_blocks(self._blocks[seq], hashes, seq.token_ids, start)
+        self.pool.cache_full_blocks(seq.block_table.blocks, hashes, seq.token_ids, start)
         self._num_cached_blocks[seq] = num_full
 
     def fork(self, parent: Sequence, child: Sequence) -> int:
@@ -135,15 +130,14 @@ class KVCacheManager:
         none yet; returns the number of tokens shared. Works with the prefix cache
         off too: the blocks are shared by reference count, not found by hash. The
         child still recomputes its last prompt token (for its own first sample)."""
-        assert child not in self._blocks and child.num_computed_tokens == 0
+        assert not self.holds_blocks(child) and child.num_computed_tokens == 0
         num_shared = min(parent.num_computed_tokens, child.num_tokens - 1) // self.block_size
-        if num_shared == 0 or parent not in self._blocks:
+        if num_shared == 0 or not self.holds_blocks(parent):
             return 0
-        blocks = self._blocks[parent][:num_shared]
+        blocks = parent.block_table.blocks[:num_shared]
         self.pool.touch(blocks)
-        self._blocks[child] = list(blocks)
+        child.block_table.append_blocks(blocks)
         self._num_cached_blocks[child] = min(num_shared, self._num_cached_blocks.get(parent, 0))
-        child.block_table = [b.block_id for b in blocks]
         child.num_computed_tokens = num_shared * self.block_size
         if self.enable_caching:
             self.prefix_cache_queries += child.num_tokens
@@ -151,14 +145,14 @@ class KVCacheManager:
         return child.num_computed_tokens
 
     def holds_blocks(self, seq: Sequence) -> bool:
-        return seq in self._blocks
+        return bool(seq.block_table.blocks)
 
     def free(self, seq: Sequence) -> None:
         """Release seq's blocks, tail first (see BlockPool.free_blocks). Safe to call on
         a sequence that holds none; a second call frees nothing."""
-        blocks = self._blocks.pop(seq, None)
+        blocks = seq.block_table.blocks
         self._num_cached_blocks.pop(seq, None)
         self._hashes.pop(seq, None)
-        seq.block_table = []
+        seq.block_table.clear()
         if blocks:
             self.pool.free_blocks(reversed(blocks))

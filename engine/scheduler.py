@@ -29,6 +29,7 @@ import bisect
 from dataclasses import dataclass
 
 from pagedkube.engine.admission import AdmissionLimits, allowed_max_tokens
+from pagedkube.engine.forks import PendingForks
 from pagedkube.engine.kv_cache_manager import KVCacheManager
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq, Sequence, SequenceStatus
@@ -57,7 +58,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting = WaitingQueue()
         self.running: list[Sequence] = []          # sorted by arrival, oldest first
-        self._pending_forks: dict[Sequence, list[Sequence]] = {}
+        self.forks = PendingForks()
         self._arrival: dict[Sequence, int] = {}
         self._num_arrived = 0
         self._admitted: set[Sequence] = set()
@@ -81,8 +82,7 @@ class Scheduler:
             self._arrival[seq] = self._num_arrived
             self._num_arrived += 1
         self.waiting.append(seqs[0])
-        if len(seqs) > 1:
-            self._pending_forks[seqs[0]] = list(seqs[1:])
+        self.forks.add(seqs[0], seqs[1:])
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """End a sequence on any path (stop, length, abort) and free its blocks once."""
@@ -93,10 +93,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        for siblings in self._pending_forks.values():
-            if seq in siblings:
-                siblings.remove(seq)
-        pending = self._pending_forks.pop(seq, [])
+        self.forks.remove(seq)
+        pending = self.forks.take(seq)
         if status == SequenceStatus.FINISHED_ABORTED:
             for sibling in pending:
                 self.finish(sibling, status)
@@ -108,7 +106,7 @@ class Scheduler:
         self._admitted.discard(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting or self._pending_forks)
+        return bool(self.running or self.waiting or self.forks)
 
     @property
     def num_running(self) -> int:
@@ -116,7 +114,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + sum(len(s) for s in self._pending_forks.values())
+        return len(self.waiting) + len(self.forks)
 
     # ---- one step ----------------------------------------------------------------
 
@@ -197,7 +195,7 @@ class Scheduler:
                 continue                     # aborted while the step ran
             seq.num_computed_tokens += item.num_new_tokens
             self.kv.cache_blocks(seq)
-            if seq in self._pending_forks and seq.num_computed_tokens >= seq.num_prompt_tokens:
+            if self.forks.ready(seq):
                 self._fork_siblings(seq)
             if not sampled:
                 assert out is None, "the runner sampled a prefill chunk"
@@ -211,7 +209,7 @@ class Scheduler:
         return updates
 
     def _fork_siblings(self, parent: Sequence) -> None:
-        siblings = self._pending_forks.pop(parent)
+        siblings = self.forks.take(parent)
         for sibling in siblings:
             sibling.num_cached_tokens = self.kv.fork(parent, sibling)
             self._admitted.add(sibling)

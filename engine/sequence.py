@@ -25,6 +25,27 @@ class SequenceStatus(enum.Enum):
                         SequenceStatus.FINISHED_ABORTED)
 
 
+class BlockTable(list):
+    """A sequence's KV block ids, in order (what the model runner and attention read),
+    with the pool's block objects behind them, index for index, in `blocks`.
+
+    Written only by the KVCacheManager, through `append_blocks` and `clear`, so the
+    ids and the blocks cannot drift apart; everyone else only reads."""
+    __slots__ = ("blocks",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: list = []        # KVCacheBlock objects (engine/block_pool.py)
+
+    def append_blocks(self, blocks: list) -> None:
+        self.blocks.extend(blocks)
+        self.extend(b.block_id for b in blocks)
+
+    def clear(self) -> None:
+        super().clear()
+        self.blocks = []
+
+
 @dataclass(eq=False)
 class Sequence:
     request_id: str
@@ -37,7 +58,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     token_ids: list[int] = field(default_factory=list)      # prompt + output so far
     output_token_ids: list[int] = field(default_factory=list)
-    block_table: list[int] = field(default_factory=list)
+    block_table: BlockTable = field(default_factory=BlockTable)   # the KVCacheManager's to write
     num_computed_tokens: int = 0          # tokens whose KV is in the pool
     num_cached_tokens: int = 0            # prompt tokens served by the prefix cache
 

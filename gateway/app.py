@@ -21,6 +21,8 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from pagedkube.access_log import AccessLog
+from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
 from pagedkube.gateway.autoscaler.hold import HoldQueue
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
@@ -31,7 +33,8 @@ from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
 from pagedkube.gateway.errors import (GatewayError, error_body, internal_error, no_endpoint, rate_limited,
                                       route_error, unauthorized)
-from pagedkube.gateway.fast_path import FastPath
+from pagedkube.gateway.fast_path import PROXIED, FastPath
+from pagedkube.gateway.feed_metrics import CacheFeedAge
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.openapi import install as install_openapi
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
@@ -44,6 +47,7 @@ from pagedkube.gateway.routing.types import Picker
 from pagedkube.gateway.routing.types import RoutingInput
 from pagedkube.gateway.validation import ParsedRequest, parse_request
 from pagedkube.http_limits import BodyLimits
+from pagedkube.tracing import build_tracing
 
 log = logging.getLogger("pagedkube.gateway")
 
@@ -54,7 +58,7 @@ def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
         return RoundRobinPicker()
     if config.routing == "least-load":
         return LeastLoadPicker(rings)
-    return PrefixPicker(index, BoundedLoad(config.load_bound), rings)
+    return PrefixPicker(index, BoundedLoad(config.load_bound, config.load_floor), rings, config.affinity_depth)
 
 
 class Gateway:
@@ -107,6 +111,7 @@ class Gateway:
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
+        self.metrics.registry.register(CacheFeedAge(self.watcher))
         if self.static_urls:
             self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
         elif self.config.kube_service:
@@ -163,6 +168,7 @@ class Gateway:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
         self.metrics.routing_decisions.labels(decision.reason).inc()
+        note_route(request.scope, decision, outcome.model)
         if decision.predicted_cached_tokens:
             self.metrics.predicted_cached_tokens.inc(decision.predicted_cached_tokens)
         body = parsed.forward_body(tenant_salt)
@@ -200,12 +206,14 @@ class Gateway:
 def create_app(config: GatewayConfig) -> CountResponses:
     """The gateway's ASGI app, outermost first:
 
-        CountResponses   every response counted (gateway/counting.py)
-        BodyLimits       413 / 408 before anything reads the body (pagedkube/http_limits.py)
-        FastPath         the two proxied routes (gateway/fast_path.py)
-        FastAPI          /v1/models, /health, /ready, /metrics; 404 / 405 for the rest
+        CountResponses       every response counted (gateway/counting.py)
+        AccessLogMiddleware  x-request-id, one access-log line and span per request (gateway/access_log.py)
+        BodyLimits           413 / 408 before anything reads the body (pagedkube/http_limits.py)
+        FastPath             the two proxied routes (gateway/fast_path.py)
+        FastAPI              /v1/models, /health, /ready, /metrics; 404 / 405 for the rest
     """
     gateway = Gateway(config)
+    tracing = build_tracing("pagedkube-gateway", config.observability.otlp_traces_endpoint)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -214,6 +222,8 @@ def create_app(config: GatewayConfig) -> CountResponses:
             yield
         finally:
             await gateway.stop()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
@@ -262,6 +272,7 @@ def create_app(config: GatewayConfig) -> CountResponses:
     install_openapi(app, lambda: gateway.watcher.known_models() if gateway.watcher else None)
     limited = BodyLimits(FastPath(app, gateway.handle), max_bytes=config.max_body_bytes,
                          read_timeout_s=config.body_read_timeout, error=error_body)
-    counted = CountResponses(limited, gateway.metrics)
+    logged = AccessLogMiddleware(limited, AccessLog(ACCESS_LOGGER, config.observability.access_log), tracing, PROXIED)
+    counted = CountResponses(logged, gateway.metrics)
     counted.state = app.state   # callers (pagedkube up, tests) reach the Gateway as app.state.gateway
     return counted

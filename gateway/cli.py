@@ -2,11 +2,29 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
+from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
+from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
+
+
+def _affinity_depth(value: str) -> int | None:
+    if value == "head":
+        return None
+    try:
+        depth = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}") from None
+    if depth < 0:
+        raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
+    return depth
+from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def register(subparsers) -> None:
@@ -20,9 +38,16 @@ def register(subparsers) -> None:
     p.add_argument("--namespace", default="default", help="namespace of --kube-service (default: default)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
-    p.add_argument("--load-bound", type=float, default=1.25,
-                   help="c in consistent hashing with bounded loads: no engine above c x mean load (default 1.25)")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
+    p.add_argument("--load-bound", type=float, default=DEFAULT_LOAD_BOUND,
+                   help="c in consistent hashing with bounded loads: no engine above c x mean load "
+                        f"(default {DEFAULT_LOAD_BOUND:g})")
+    p.add_argument("--load-floor", type=int, default=DEFAULT_LOAD_FLOOR, metavar="N",
+                   help="an engine with fewer than N requests always takes one more, whatever c x mean says "
+                        f"(default {DEFAULT_LOAD_FLOOR}; 0: the plain bound)")
+    p.add_argument("--affinity-depth", type=_affinity_depth, default=DEFAULT_AFFINITY_DEPTH, metavar="N|head",
+                   help="leading blocks an engine must hold to draw a request by affinity: 0 (default) any "
+                        "held prefix, N at least min(N, the request's ring-key head), 'head' the whole head")
     p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
     p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
                    help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
@@ -47,13 +72,15 @@ def register(subparsers) -> None:
                    help="cache feed long-poll: seconds an engine may hold a request until it has news "
                         "(0: plain polls every --feed-interval)")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
-    p.add_argument("--ring-key-blocks", type=int, default=16,
-                   help="the ring key is the hash of the first N blocks of the prompt head (default 16)")
+    p.add_argument("--ring-key-blocks", type=int, default=DEFAULT_RING_KEY_BLOCKS,
+                   help="the ring key is the hash of the first N blocks of the prompt head "
+                        f"(default {DEFAULT_RING_KEY_BLOCKS})")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold a request while no engine is ready "
                         "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
     p.add_argument("--log-level", default="info")
     add_autoscale_args(p)
+    add_observability_args(p)
     p.set_defaults(func=run)
 
 
@@ -63,7 +90,8 @@ def config_from_args(args: argparse.Namespace):
     return GatewayConfig(
         endpoints=[u for u in (args.endpoints or "").split(",") if u.strip()],
         kube_service=args.kube_service, namespace=args.namespace, host=args.host, port=args.port,
-        routing=args.routing, load_bound=args.load_bound, api_keys_file=args.api_keys,
+        routing=args.routing, load_bound=args.load_bound, load_floor=args.load_floor,
+        affinity_depth=args.affinity_depth, api_keys_file=args.api_keys,
         engine_api_key=args.engine_api_key,
         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
         route_headers=args.route_headers, max_attempts=args.max_attempts,
@@ -71,7 +99,7 @@ def config_from_args(args: argparse.Namespace):
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
         ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
-        autoscale=autoscaler_config_from_args(args),
+        autoscale=autoscaler_config_from_args(args), observability=observability_from_args(args),
         **({"tokenize_workers": args.tokenize_workers} if args.tokenize_workers is not None else {}))
 
 
@@ -91,5 +119,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"pagedkube gateway: {e}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
     return 0

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 from pagedkube.gateway.prompt import DEFAULT_RING_KEY_BLOCKS
-from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
+from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
+from pagedkube.observability import ObservabilityConfig
 
-ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
 # Prompts in bodies above this many bytes are tokenized in the pool, off the event loop.
 # Measured with the built-in tokenizer (docs/gateway.md "Big prompts"): a first-seen
 # 64 KiB chat renders, encodes and hashes in ~15 ms on an idle core, the next turn of
@@ -33,6 +35,8 @@ class GatewayConfig:
     port: int = 8080
     routing: str = "prefix"
     load_bound: float = DEFAULT_LOAD_BOUND
+    load_floor: int = DEFAULT_LOAD_FLOOR      # requests an engine always takes (bounded_load.py)
+    affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH   # 0: any held prefix; None: the whole head (picker.py)
     api_keys_file: str | None = None
     engine_api_key: str | None = None     # bearer token of engines started with --api-key
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES          # 413 beyond (pagedkube/http_limits.py)
@@ -54,6 +58,7 @@ class GatewayConfig:
     route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
     autoscale: AutoscalerConfig | None = None   # --autoscale (docs/autoscaling.md)
     supervised: bool = False              # pagedkube up: its supervisor fills the EndpointSet
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
         if bool(self.endpoints) + bool(self.kube_service) + self.supervised != 1:
@@ -66,6 +71,10 @@ class GatewayConfig:
             raise ValueError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if not self.load_bound >= 1.0:
             raise ValueError(f"--load-bound must be >= 1.0, got {self.load_bound}")
+        if self.load_floor < 0:
+            raise ValueError(f"--load-floor must be >= 0, got {self.load_floor}")
+        if self.affinity_depth is not None and self.affinity_depth < 0:
+            raise ValueError(f"--affinity-depth must be 'head' or an integer >= 0, got {self.affinity_depth}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be 0..65535, got {self.port}")
         for name in ("max_body_bytes", "max_attempts", "ring_key_blocks", "vnodes", "index_capacity",

@@ -174,11 +174,9 @@ class KubeDiscovery:
 
 def _default_api():
     try:
-        from kubernetes import client, config
+        import kubernetes
     except ImportError as e:  # pragma: no cover - the gateway extra installs it
         raise SystemExit("--kube-service needs the kubernetes package: pip install 'pagedkube[gateway]'") from e
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.DiscoveryV1Api()
+    from pagedkube.kube_call import load_kube_credentials
+    load_kube_credentials(kubernetes)
+    return kubernetes.client.DiscoveryV1Api()

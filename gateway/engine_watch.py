@@ -19,6 +19,7 @@ wrong hashes (PITFALLS.md "Block size / hash seed mismatches").
 from __future__ import annotations
 
 import asyncio
+import time
 import logging
 
 import httpx
@@ -69,6 +70,7 @@ class EngineWatcher:
         self.cache_config: dict | None = None   # the config the hasher follows
         self.models: dict[str, list[dict]] = {}
         self.feed_seq: dict[str, int] = {}      # the last cache-feed seq applied, per endpoint
+        self.feed_heard: dict[str, float] = {}  # time.monotonic() of each endpoint's last feed answer (feed_metrics.py)
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._tokenizer_lock = asyncio.Lock()
         self._tokenizer_next_try = 0.0
@@ -85,6 +87,7 @@ class EngineWatcher:
             self.index.drop(url)
             self.models.pop(url, None)
             self.feed_seq.pop(url, None)
+            self.feed_heard.pop(url, None)
         for url in added:
             if url not in self._tasks:
                 self._tasks[url] = [asyncio.create_task(self._follow_feed(url), name=f"feed {url}"),
@@ -151,6 +154,7 @@ class EngineWatcher:
                     matches = self._config_matches(config)
                     if matches:  # followed from here on (shown by /ready), even while a long-poll waits
                         self.feed_seq.setdefault(url, seq)
+                        self.feed_heard.setdefault(url, time.monotonic())
                     else:
                         log.warning("engine %s cache config %s differs from %s: ignoring its feed",
                                     url, config, self.cache_config)
@@ -162,6 +166,7 @@ class EngineWatcher:
                     data = await self._events(url, seq)
                     seq, engine_id, matches = self._apply_events(url, data, seq, engine_id)
                     self.feed_seq[url] = seq
+                    self.feed_heard[url] = time.monotonic()
                     took = asyncio.get_running_loop().time() - started
                     # Nothing new after a real wait: ask again at once. An engine that answers
                     # at once (it has events, is draining, or predates long-polls) is asked

@@ -25,17 +25,17 @@ never to an error.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from typing import Any
 
 from pagedkube import hashing
+from pagedkube.gateway.routing import keys
 from pagedkube.gateway.routing.types import RoutingInput
 from pagedkube.piece_cache import CachedEncoder
 from pagedkube.tokenizer import Tokenizer
 
-DEFAULT_RING_KEY_BLOCKS = 16
+DEFAULT_RING_KEY_BLOCKS = keys.DEFAULT_RING_KEY_BLOCKS
 _FALLBACK_CHARS = 1024  # raw-text key: the first 1 KiB, stable as a prompt grows
 DEFAULT_HEAD_CACHE = 4096  # heads (conversation up to the first user message) whose tokens are kept
 _TOKEN_ID_END = 1 << 32    # block hashes encode ids as u32 (pagedkube/hashing.py)
@@ -45,14 +45,6 @@ _TOKEN_ID_END = 1 << 32    # block hashes encode ids as u32 (pagedkube/hashing.p
 _HEAD_PREFIX_CHARS = 64 * 1024
 _CHARS_PER_TOKEN_BOUND = 16
 _HEAD_MARGIN_TOKENS = 64
-
-
-def _digest(tag: bytes, salt: str | None, payload: bytes) -> bytes:
-    return hashlib.sha256(tag + b"\0" + hashing.salt_bytes(salt) + b"\0" + payload).digest()
-
-
-def _tokens_bytes(token_ids: list[int]) -> bytes:
-    return b"".join(t.to_bytes(4, "little") for t in token_ids)
 
 
 def _content_text(content: Any) -> str:
@@ -122,7 +114,7 @@ class PromptHasher:
 
     def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
-        return RoutingInput(ring_key=_digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
+        return RoutingInput(ring_key=keys.digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
                             tokenized=False)
 
     def routing_input(self, kind: str, body: dict, cache_salt: str | None, cached: bool = True) -> RoutingInput:
@@ -138,19 +130,8 @@ class PromptHasher:
             return self.fallback(kind, body, cache_salt)
         if not token_ids:
             return self.fallback(kind, body, cache_salt)
-        hashes = hashing.block_hashes(token_ids, self.block_size, seed=self.seed, cache_salt=cache_salt)
-        head = token_ids if key_ids is None else key_ids
-        key_blocks = min(len(head) // self.block_size, self.ring_key_blocks)
-        if key_blocks and (key_ids is None or token_ids[:key_blocks * self.block_size]
-                           == head[:key_blocks * self.block_size]):
-            key = hashes[key_blocks - 1]  # the head starts the prompt: its chained hash is there already
-        elif key_blocks:
-            key = hashing.block_hashes(head[:key_blocks * self.block_size], self.block_size, seed=self.seed,
-                                       cache_salt=cache_salt)[-1]
-        else:
-            key = _digest(b"short", cache_salt, _tokens_bytes(head))
-        return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),
-                            block_size=self.block_size)
+        return keys.routing_input(token_ids, key_ids, block_size=self.block_size, seed=self.seed,
+                                  ring_key_blocks=self.ring_key_blocks, cache_salt=cache_salt)
 
     def _tokenize(self, kind: str, body: dict, cached: bool) -> tuple[list[int], list[int] | None]:
         tok = self.encoder if cached else self.tokenizer

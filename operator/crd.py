@@ -90,10 +90,16 @@ ENGINE = _obj({
     "env": FREE_FORM_ITEMS,
     "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
     "tolerations": FREE_FORM_ITEMS,
-    "apiKeySecretRef": _secret_ref("Secret with key api-key: the engines then want it as a bearer token on "
-                                   "every path but /health, /ready and /metrics, and the gateway sends it "
-                                   "(docs/operator.md)."),
-}, "The engine pods.")
+    "apiKeySecretRef": _secret_ref("Your own Secret with key api-key, instead of the generated "
+                                   "<name>-engine-secret: engines want it as a bearer token on every path but "
+                                   "/health, /ready and /metrics, and the gateway sends it (docs/operator.md)."),
+    "requireApiKey": {"type": "boolean", "default": True,
+                      "description": "false: engines answer anyone who reaches them (no key at all). "
+                                     "Default true: the generated key, or apiKeySecretRef's."},
+}, "The engine pods.", **{"x-kubernetes-validations": [{
+    "rule": "!has(self.requireApiKey) || self.requireApiKey || !has(self.apiKeySecretRef)",
+    "message": "engine.requireApiKey false contradicts engine.apiKeySecretRef; drop one",
+}]})
 
 GATEWAY = _obj({
     "replicas": _int(1, 100, d.DEFAULT_GATEWAY_REPLICAS),
@@ -107,7 +113,29 @@ GATEWAY = _obj({
     }, default={}),
     "apiKeySecretRef": _secret_ref("Secret with key api-keys.yaml (docs/operator.md)."),
     "serviceType": _str(enum=list(d.SERVICE_TYPES), default="ClusterIP"),
+    "routeHeaders": {"type": "boolean", "default": False,
+                     "description": "Send x-pagedkube-endpoint / x-pagedkube-route (internal engine addresses) "
+                                    "to clients (gateway --route-headers). Off by default."},
 }, "The gateway in front of the engines.")
+
+SELECTOR = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+            "description": "A label selector (matchLabels, matchExpressions); {} selects everything."}
+PEER = _obj({
+    "podSelector": SELECTOR,
+    "namespaceSelector": SELECTOR,
+    "ipBlock": _obj({"cidr": _str(), "except": {"type": "array", "items": {"type": "string"}}},
+                    required=["cidr"]),
+}, "A NetworkPolicyPeer, as in a NetworkPolicy's ingress.from.", minProperties=1)
+
+NETWORK_POLICY = _obj({
+    "enabled": {"type": "boolean", "default": True,
+                "description": "A NetworkPolicy letting only this service's gateway pods and metricsFrom "
+                               "reach the engine pods."},
+    "metricsFrom": {"type": "array", "items": PEER, "maxItems": 16,
+                    "description": "Who may scrape the engines' /metrics. Default: pods labelled "
+                                   "app.kubernetes.io/name=prometheus in any namespace (the Prometheus "
+                                   "Operator's); [] admits no scraper."},
+}, "Ingress to the engine pods (docs/operator.md, Security model).")
 
 MONITORING = _obj({
     "enabled": {"type": "boolean", "default": True,
@@ -123,6 +151,7 @@ SPEC = _obj({
     "engine": {**ENGINE, "default": {}},
     "gateway": {**GATEWAY, "default": {}},
     "monitoring": {**MONITORING, "default": {}},
+    "networkPolicy": {**NETWORK_POLICY, "default": {}},
 }, required=["model"], **{"x-kubernetes-validations": [
     {"rule": "!has(self.autoscaling) || !self.autoscaling.enabled || "
              "(self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)",

@@ -30,7 +30,11 @@ CHILD_RESOURCES = (  # (group, version, plural, kind)
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
 )
+# The generated engine Secret is not watched (that would need list/watch on every Secret in the
+# cluster): a deleted one is made anew by the next reconcile or resync, and its new digest rolls
+# the engine and gateway pods onto the new key together (builders/security.py).
 MANAGED = {"app.kubernetes.io/managed-by": naming.MANAGED_BY}
 DEFAULT_RESYNC_INTERVAL_S = 300.0
 

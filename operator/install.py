@@ -17,7 +17,8 @@ from pagedkube.operator.crd import build_crd
 NAMESPACE = "pagedkube-system"
 OPERATOR_NAME = "pagedkube-operator"
 HEALTH_PORT = 8080
-# Children are never deleted by the operator (ownerReferences and the garbage collector do it);
+# Children are never deleted by the operator (ownerReferences and the garbage collector do it),
+# but for the two a spec switch turns off (ServiceMonitor, NetworkPolicy);
 # server-side apply that creates needs `create` as well as `patch`.
 CHILD_VERBS = ("get", "list", "watch", "create", "patch")
 
@@ -31,6 +32,8 @@ OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("rbac.authorization.k8s.io", "roles", CHILD_VERBS),
     ("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS),
     ("policy", "poddisruptionbudgets", CHILD_VERBS),
+    ("networking.k8s.io", "networkpolicies", (*CHILD_VERBS, "delete")),   # delete: networkPolicy off
+    ("", "secrets", ("get", "create")),        # the generated engine Secret: made once, never listed or changed
     ("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch", "delete")),  # delete: monitoring off
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),  # kopf observer; CRD probe
     ("", "pods", ("list", "watch")),                                    # status from engine pods

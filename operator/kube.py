@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import kubernetes
 
-from pagedkube.kube_call import kube_call
+from pagedkube.kube_call import kube_call, load_kube_credentials
 from pagedkube.operator import naming
 
 # kind -> plural, for every kind the operator reads or writes.
@@ -22,7 +22,7 @@ PLURALS = {
     "Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
     "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
-    "Event": "events", naming.KIND: naming.PLURAL,
+    "Event": "events", "Secret": "secrets", "NetworkPolicy": "networkpolicies", naming.KIND: naming.PLURAL,
 }
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 MERGE_CONTENT_TYPE = "application/merge-patch+json"
@@ -44,10 +44,7 @@ def object_path(obj: dict[str, Any]) -> str:
 
 def default_api_client() -> kubernetes.client.ApiClient:
     """In-cluster credentials, else ~/.kube/config (as kopf's own login does)."""
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+    load_kube_credentials(kubernetes)
     return kubernetes.client.ApiClient()
 
 
@@ -82,6 +79,17 @@ class Kube:
         """Server-side apply as our field manager, taking over conflicting fields (force)."""
         query = [("fieldManager", self.field_manager), ("force", "true")]
         return self._call("PATCH", object_path(obj), query=query, body=obj, content_type=APPLY_CONTENT_TYPE)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """POST a new object; None when one of that name exists already (409)."""
+        meta = obj["metadata"]
+        try:
+            return self._call("POST", api_path(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj,
+                              query=[("fieldManager", self.field_manager)])
+        except kubernetes.client.ApiException as e:
+            if e.status == 409:
+                return None
+            raise
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         try:

@@ -37,13 +37,18 @@ GATEWAY_SERVICE_PORT = 80
 
 
 def engine_name(name: str) -> str:
-    """Engine Deployment, headless Service and PodDisruptionBudget."""
+    """Engine Deployment, headless Service, PodDisruptionBudget and NetworkPolicy."""
     return f"{name}-engine"
 
 
 def gateway_name(name: str) -> str:
     """Gateway Deployment, ServiceAccount, Role and RoleBinding."""
     return f"{name}-gateway"
+
+
+def engine_secret_name(name: str) -> str:
+    """The generated Secret: the engines' API key and the cache hash seed (builders/security.py)."""
+    return f"{name}-engine-secret"
 
 
 def gateway_service_name(name: str) -> str:

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders import build_children
 from pagedkube.operator.builders.monitoring import SERVICEMONITOR_CRD
+from pagedkube.operator.builders.security import build_engine_secret, secret_version
 from pagedkube.operator.drift import needs_apply, with_hash
 from pagedkube.operator.kube import Kube
 from pagedkube.operator.spec import LLMServiceSpec
 from pagedkube.operator.status import compute_status
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]   # (body, "Normal"|"Warning", reason, message)
+SECRET_BYTES = 32   # 256 random bits each for the engine key and the hash seed (Python's `secrets` advice)
+
+
+def random_token() -> str:
+    return secrets.token_urlsafe(SECRET_BYTES)
 
 
 def utcnow() -> str:
@@ -36,12 +43,28 @@ class Reconciler:
     kube: Kube
     emit: Emit
     now: Callable[[], str] = utcnow
+    token: Callable[[], str] = random_token
 
     def desired(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Raises ValueError for an invalid spec."""
+        """Raises ValueError for an invalid spec. Creates the engine Secret if it is missing."""
         svc = LLMServiceSpec.from_body(body)
         with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
-        return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor)]
+        version = secret_version(self.engine_secret(body, svc))
+        return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor,
+                                                     secret_version=version)]
+
+    def engine_secret(self, body: Mapping[str, Any], svc: LLMServiceSpec) -> dict[str, Any]:
+        """The generated Secret as it is live: created once with fresh random values, never
+        changed afterwards (no rotation by reconcile; docs/operator.md)."""
+        name = naming.engine_secret_name(svc.name)
+        live = self.kube.get("v1", "Secret", svc.namespace, name)
+        if live is not None:
+            return live
+        created = self.kube.create(build_engine_secret(svc, api_key=self.token(), hash_seed=self.token()))
+        if created is None:   # someone made it between our get and create: theirs stands
+            return self.kube.get("v1", "Secret", svc.namespace, name) or {}
+        self.emit(body, "Normal", "Created", f"Secret {name} (engine API key and cache hash seed)")
+        return created
 
     def reconcile(self, body: Mapping[str, Any], restoring: bool = False) -> dict[str, Any]:
         """Applies every child that differs from its desired state; returns the new status.
@@ -58,6 +81,9 @@ class Reconciler:
             return self.status(body, invalid_spec=str(e))
         for child in children:
             self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
+        if not any(c["kind"] == "NetworkPolicy" for c in children):   # switched off: do not leave it behind
+            if self.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.engine_name(name)):
+                self.emit(body, "Normal", "Deleted", f"NetworkPolicy {naming.engine_name(name)}")
         monitored = any(c["kind"] == "ServiceMonitor" for c in children)
         if not monitored and self.kube.crd_exists(SERVICEMONITOR_CRD):  # monitoring switched off
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):

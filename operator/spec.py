@@ -8,9 +8,15 @@ the CRD schema (crd.py) reads them from here.
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+# The gateway's own definitions (torch-free modules), not restated here: the operator
+# passes them to the gateway it runs.
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # Defaults shared with crd.py. Each says where its number comes from.
 DEFAULT_REPLICAS = 1
@@ -25,11 +31,16 @@ DEFAULT_SCALE_UP_WINDOW_S = 0      # HPA's default scale-up stabilization
 DEFAULT_SCALE_DOWN_WINDOW_S = 300  # HPA's default scale-down stabilization
 DEFAULT_GATEWAY_REPLICAS = 1
 DEFAULT_ROUTING_POLICY = "prefix"
-ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
-DEFAULT_LOAD_BOUND = 1.25          # Mirrokni et al.'s c; DESIGN.md §6
 RUNTIMES = ("pagedkube", "vllm")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
+# Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
+# pods the Prometheus Operator runs (it labels every Prometheus pod app.kubernetes.io/name=prometheus),
+# in any namespace. docs/operator.md, "Security model".
+DEFAULT_METRICS_FROM: tuple[Mapping[str, Any], ...] = (
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+)
+PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")   # a NetworkPolicyPeer's fields
 # `<name>-gateway` must stay a DNS-1035 label (63 chars) for Services.
 MAX_NAME_LENGTH = 55
 
@@ -102,7 +113,8 @@ class EngineSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
-    api_key_secret: str = ""              # Secret with key `api-key`; "" = engines answer anyone in the cluster
+    api_key_secret: str = ""              # Secret with key `api-key`; "" = the generated Secret's key
+    require_api_key: bool = True          # False (and no api_key_secret): engines answer anyone who reaches them
 
     @property
     def num_gpus(self) -> int:
@@ -120,6 +132,13 @@ class GatewaySpec:
     load_bound: float = DEFAULT_LOAD_BOUND
     api_key_secret: str = ""              # Secret name; "" = no API keys
     service_type: str = "ClusterIP"
+    route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkPolicySpec:
+    enabled: bool = True
+    metrics_from: tuple[Mapping[str, Any], ...] = DEFAULT_METRICS_FROM   # NetworkPolicyPeers for /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +158,7 @@ class LLMServiceSpec:
     gateway: GatewaySpec = field(default_factory=GatewaySpec)
     monitoring_enabled: bool = True
     scrape_interval: str = DEFAULT_SCRAPE_INTERVAL
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "LLMServiceSpec":
@@ -176,6 +196,7 @@ class LLMServiceSpec:
             gateway=_gateway(spec.get("gateway") or {}),
             monitoring_enabled=bool(monitoring.get("enabled", True)),
             scrape_interval=monitoring.get("interval", DEFAULT_SCRAPE_INTERVAL),
+            network_policy=_network_policy(spec.get("networkPolicy") or {}),
         )
 
 
@@ -221,7 +242,7 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
     extra_args = d.get("extraArgs") or ()
     if not all(isinstance(a, str) for a in extra_args):
         raise ValueError("spec.engine.extraArgs must be a list of strings")
-    return EngineSpec(
+    engine = EngineSpec(
         runtime=runtime,
         image=d.get("image", ""),
         image_pull_policy=d.get("imagePullPolicy", ""),
@@ -237,7 +258,30 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         node_selector=d.get("nodeSelector") or {},
         tolerations=tuple(d.get("tolerations") or ()),
         api_key_secret=_secret_name(d, "apiKeySecretRef"),
+        require_api_key=_bool(d, "requireApiKey", True, "spec.engine.requireApiKey"),
     )
+    if not engine.require_api_key and engine.api_key_secret:
+        raise ValueError("spec.engine.requireApiKey false contradicts spec.engine.apiKeySecretRef; drop one")
+    return engine
+
+
+def _bool(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def _network_policy(d: Mapping[str, Any]) -> NetworkPolicySpec:
+    peers = d.get("metricsFrom")
+    if peers is None:
+        peers = DEFAULT_METRICS_FROM
+    if not isinstance(peers, (list, tuple)) or not all(
+            isinstance(p, Mapping) and p and set(p) <= set(PEER_KEYS) for p in peers):
+        raise ValueError(f"spec.networkPolicy.metricsFrom must be a list of NetworkPolicy peers "
+                         f"(objects with {', '.join(PEER_KEYS)}), got {peers!r}")
+    return NetworkPolicySpec(enabled=_bool(d, "enabled", True, "spec.networkPolicy.enabled"),
+                             metrics_from=tuple(copy.deepcopy(dict(p)) for p in peers))   # never the shared default
 
 
 def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
@@ -260,4 +304,5 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
         load_bound=load_bound,
         api_key_secret=_secret_name(d, "apiKeySecretRef"),
         service_type=service_type,
+        route_headers=_bool(d, "routeHeaders", False, "spec.gateway.routeHeaders"),
     )

@@ -8,8 +8,8 @@ lastTransitionTime, observedGeneration):
     Progressing  True  while the engine Deployment is rolling out or scaling
     Degraded     True  when something needs a user: an image that cannot be
                        pulled, a failing model download, crash-looping pods,
-                       pods that cannot be scheduled, a stalled rollout, or an
-                       invalid spec
+                       a container whose Secret or key is missing, pods that
+                       cannot be scheduled, a stalled rollout, or an invalid spec
 
 lastTransitionTime only moves when a condition's status flips.
 """
@@ -49,6 +49,10 @@ def pod_problem(pod: Mapping[str, Any]) -> Problem | None:
             return Problem("ImagePullFailing",
                            f"pod {name}: image {cs.get('image', '?')} cannot be pulled ({reason}): "
                            f"{waiting.get('message', '')}".rstrip(": "))
+        if reason == "CreateContainerConfigError":   # e.g. engine.apiKeySecretRef names no Secret
+            return Problem("ContainerConfigError",
+                           f"pod {name}: container {cs.get('name')} cannot start: {waiting.get('message', '')}; "
+                           f"check the Secrets the LLMService names (docs/operator.md, Security model)")
         last = (cs.get("lastState") or {}).get("terminated") or (state.get("terminated") or {})
         failed = last.get("exitCode", 0) != 0
         if is_init and cs.get("name") == DOWNLOAD_CONTAINER and (reason == "CrashLoopBackOff" or failed):

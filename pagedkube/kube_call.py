@@ -19,3 +19,12 @@ def kube_call(api_client: Any, method: str, path: str, *, body: Any = None,
         header_params={"Accept": "application/json", "Content-Type": content_type})
     response = api_client.call_api(method, url, header_params=headers, body=body)
     return response, response.read()
+
+
+def load_kube_credentials(kubernetes: Any) -> None:
+    """In-cluster credentials, else ~/.kube/config (as kopf's own login does). Takes the
+    imported `kubernetes` module, so that this module still never imports it."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()

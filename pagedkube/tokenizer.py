@@ -98,12 +98,6 @@ class Tokenizer:
             return self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_releasing_gil(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The same ids as encode(); tokenizers' encode_batch lets go of the GIL while it
-        works (encode does not), so a worker thread tokenizing a huge prompt leaves the
-        event loop running. Measured: 1 MB of text, 2 vs ~500 loop wake-ups."""
-        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 

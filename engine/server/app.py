@@ -19,15 +19,20 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from pagedkube.access_log import AccessLog
+from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.core_client import EngineCoreClient
 from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
+from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.http_limits import BodyLimits
+from pagedkube.tracing import build_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +81,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
     state.engine = EngineCoreClient(factory, in_process=config.engine_in_process,
                                     heartbeat_timeout=config.heartbeat_timeout, on_fatal=state.fatal)
+    tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -94,12 +100,24 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         finally:
             await asyncio.to_thread(state.engine.shutdown)
             state.workers.shutdown(wait=False, cancel_futures=True)
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title="pagedkube engine", version="0.1.0", lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
+    # Middleware added later wraps what was added before. From the outside in: every
+    # response counted; one access-log line (and span) per request with its x-request-id;
+    # the API key checked before a byte of body is read; the body's size and read
+    # deadline bounded before the app parses it.
+    app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes, read_timeout_s=config.body_read_timeout,
+                       error=lambda status, message, code: error_body(status, message, code=code))
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(EngineAccessMiddleware, access_log=AccessLog(ACCESS_LOGGER, config.observability.access_log),
+                       tracing=tracing)
+    http_registry = CollectorRegistry()
+    app.add_middleware(CountHTTPResponses, registry=http_registry)
     app.include_router(openai_router)
     app.include_router(cache_router)
 
@@ -125,6 +143,6 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     async def metrics() -> Response:
         if state.metrics is None:
             raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
-        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(state.metrics.render() + generate_latest(http_registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

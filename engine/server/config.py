@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkube.engine.config import EngineConfig
+from pagedkube.observability import ObservabilityConfig
 
 
 @dataclass(slots=True)
@@ -17,7 +18,10 @@ class ServerConfig:
     drain_timeout: float = 25.0           # seconds; under Kubernetes' default 30 s grace period
     engine_in_process: bool = False       # step the engine in a thread of the HTTP process (debugging)
     max_request_tokens: int | None = None  # prompt + n x max_tokens over a request's prompts; None = no cap
+    max_body_bytes: int = 16 << 20        # 413 above: a 10 MB prompt still fits; a 128k-token context is ~0.5 MB
+    body_read_timeout: float = 30.0       # 408 for a body not received in full in this many s (http_limits.py)
     heartbeat_timeout: float = 30.0       # s without word from the engine core before /health fails (core_client.py)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -30,6 +34,8 @@ class ServerConfig:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
             raise ValueError(f"max_request_tokens must be >= 1, got {self.max_request_tokens}")
+        if self.max_body_bytes < 1 or not self.body_read_timeout > 0:
+            raise ValueError("max_body_bytes must be >= 1 and body_read_timeout > 0")
         if not self.heartbeat_timeout > 0:
             raise ValueError(f"heartbeat_timeout must be > 0, got {self.heartbeat_timeout}")
         if self.drain_timeout < 0:

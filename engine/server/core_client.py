@@ -126,11 +126,9 @@ class EngineCoreClient:
         from pagedkube.tokenizer import Tokenizer
         self._stats = facts.stats
         self._last_heard = time.monotonic()
-        self.info = EngineInfo(
-            tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
-            vocab_size=facts.vocab_size, model_name=facts.model_name, max_model_len=facts.max_model_len,
-            block_size=facts.block_size, hash_seed=facts.hash_seed, num_kv_blocks=facts.num_kv_blocks,
-            eos_token_ids=facts.eos_token_ids, kv_events=KVEventLog())
+        self.info = EngineInfo.from_facts(
+            facts, tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
+            kv_events=KVEventLog())
         threading.Thread(target=self._send_loop, name="engine-core-sender", daemon=True).start()
         threading.Thread(target=self._read_loop, name="engine-core-reader", daemon=True).start()
         return self.info

@@ -7,25 +7,24 @@ object with this shape.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from pagedkube.engine.server.core_messages import NewRequest
+from pagedkube.engine.server.core_messages import EngineFacts, NewRequest
 from pagedkube.engine.server.streams import RequestStream
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """Read-only facts about the engine, known once it is built."""
-    tokenizer: Any          # pagedkube.tokenizer.Tokenizer, or None for a model without tokenizer.json
-    vocab_size: int
-    model_name: str
-    max_model_len: int
-    block_size: int
-    hash_seed: str
-    num_kv_blocks: int
-    eos_token_ids: list[int]
-    kv_events: Any          # the KVEventLog the cache feed reads (it lives in the HTTP process)
+@dataclass(frozen=True, slots=True)
+class EngineInfo(EngineFacts):
+    """What the core reported once it was built (EngineFacts), and what the HTTP side
+    made of it: the tokenizer loaded from its files and the cache feed's event log."""
+    tokenizer: Any = None   # pagedkube.tokenizer.Tokenizer, or None for a model without tokenizer.json
+    kv_events: Any = None   # the KVEventLog the cache feed reads (it lives in the HTTP process)
+
+    @classmethod
+    def from_facts(cls, facts: EngineFacts, tokenizer: Any, kv_events: Any) -> "EngineInfo":
+        return cls(**{f.name: getattr(facts, f.name) for f in fields(EngineFacts)},
+                   tokenizer=tokenizer, kv_events=kv_events)
 
 
 class EngineClient(Protocol):

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from pagedkube.engine.server.access_log import observe_generation
 from pagedkube.engine.server.errors import APIError, sse_error_event
 from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               TokenizeChatRequest, TokenizeRequest)
@@ -53,6 +54,7 @@ async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bo
 
 
 async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Response:
+    observe_generation(request, gen)
     gen.start()
     if body.stream:
         async def close() -> None:  # async: runs on the event loop, not in a worker thread

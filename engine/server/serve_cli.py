@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any
 
+from pagedkube.observability import add_observability_args, observability_from_args
+
 logger = logging.getLogger("pagedkube.serve")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
@@ -51,10 +53,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-request-tokens", type=int, default=None,
                    help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
                         "a request is already capped at --max-num-seqs sequences)")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 << 20,
+                   help="largest request body; 413 above (default 16MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send its whole body; 408 after (default 30)")
     p.add_argument("--heartbeat-timeout", type=float, default=30.0,
                    help="seconds without word from the engine core after which /health fails (default 30)")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
+    p.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
+                   help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
     p.add_argument("--drain-timeout", type=float, default=25.0,
                    help="seconds in-flight requests may run after SIGTERM (default 25)")
     p.add_argument("--seed", type=int, default=0)
@@ -63,6 +71,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
                    help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
 
@@ -75,12 +84,14 @@ def build_config(args: argparse.Namespace):
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed)
+        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
-                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout)
+                        max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
+                        max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
+                        observability=observability_from_args(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -33,8 +33,9 @@ logger = logging.getLogger("pagedkube.serve")
 
 # vLLM treats temperatures below this as greedy (dividing logits by ~0 overflows).
 MIN_TEMPERATURE = 1e-5
-# Prompts up to this many characters are tokenized on the event loop (well under a
-# millisecond); longer ones in the worker pool, where the tokenizer lets go of the GIL.
+# Prompts up to this many characters are tokenized on the event loop (about a
+# millisecond); longer ones in the worker pool, where the tokenizer lets go of the GIL
+# (pagedkube/tokenizer.py).
 INLINE_PREPARE_CHARS = 16_384
 
 
@@ -146,9 +147,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest, inline: bool 
     prompt_ids, prompt_texts = [], []
     for prompt in req.prompts():
         if isinstance(prompt, str):
-            encoder = tokenizer_for(state, "prompt")
-            encode = encoder.encode if inline else encoder.encode_releasing_gil
-            ids = encode(prompt, add_special_tokens=add_special)
+            ids = tokenizer_for(state, "prompt").encode(prompt, add_special_tokens=add_special)
             text = prompt
         else:
             _check_token_ids(state, prompt, "prompt")
@@ -199,10 +198,9 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = 
     text = render_chat(state, req.template_messages(), req.generation_prompt, req.chat_template_kwargs,
                        req.continue_final_message)
     if req.add_special_tokens or not inline:
-        # The piece cache (CachedEncoder) is the event loop's alone; a worker encodes directly.
-        encoder = tokenizer_for(state, "messages")
-        encode = encoder.encode if inline else encoder.encode_releasing_gil
-        ids = encode(text, add_special_tokens=bool(req.add_special_tokens))
+        # The piece cache (CachedEncoder) is the event loop's alone; a worker encodes directly
+        # (Tokenizer.encode lets go of the GIL for long texts).
+        ids = tokenizer_for(state, "messages").encode(text, add_special_tokens=bool(req.add_special_tokens))
     else:
         ids = state.chat_encoder().encode(text)
     ids = _truncate(state, ids, req.truncate_prompt_tokens)

@@ -58,6 +58,8 @@ class Autoscaler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         metrics.target_queue_depth.set(config.target_queue_depth)
+        metrics.min_replicas.set(config.min_replicas)
+        metrics.max_replicas.set(config.max_replicas)
         hold.on_hold = self.wake
 
     # -- lifecycle ----------------------------------------------------------------

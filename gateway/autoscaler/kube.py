@@ -61,10 +61,8 @@ def default_api() -> KubeApi:
     except ImportError as e:  # pragma: no cover - the gateway extra installs it
         raise SystemExit("--autoscale with --kube-service needs the kubernetes package: "
                          "pip install 'pagedkube[gateway]'") from e
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+    from pagedkube.kube_call import load_kube_credentials
+    load_kube_credentials(kubernetes)
     return KubeApi(kubernetes.client.ApiClient())
 
 

@@ -18,6 +18,9 @@ class AutoscalerMetrics:
                                  registry=registry)
         self.target_queue_depth = Gauge(p + "target_queue_depth", "Target mean queue depth per ready engine",
                                         registry=registry)
+        # The bounds, so an alert can tell "at max replicas and the queue still grows" (PrometheusRule).
+        self.min_replicas = Gauge(p + "min_replicas", "Fewest engine replicas allowed", registry=registry)
+        self.max_replicas = Gauge(p + "max_replicas", "Most engine replicas allowed", registry=registry)
         self.held_requests = Gauge(p + "held_requests", "Requests held while no engine is ready",
                                    registry=registry)
         self.leader = Gauge(p + "leader", "1 when this gateway replica acts (holds the Lease)", registry=registry)

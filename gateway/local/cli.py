@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
+from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # `pagedkube serve` options passed through to every engine, as given.
 ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
@@ -21,6 +23,9 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--max-waiting", dict(type=int)),
     ("--drain-timeout", dict(type=float)),
     ("--seed", dict(type=int)),
+    # The gateway in this process takes these two as well (docs/observability.md).
+    ("--access-log", dict(choices=ACCESS_LOG_FORMATS, help="text (default), json or off, for every process")),
+    ("--otlp-traces-endpoint", dict(metavar="URL", help="OTLP/HTTP collector for every process's spans")),
 )
 
 
@@ -31,7 +36,7 @@ def register(subparsers) -> None:
     p.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
     p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
-    p.add_argument("--routing", choices=("prefix", "round-robin", "least-load"), default="prefix")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
     p.add_argument("--route-headers", action="store_true",
                    help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
@@ -72,7 +77,9 @@ def check_engine_args(argv: list[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from pagedkube.access_log import DEFAULT_ACCESS_LOG
     from pagedkube.gateway.local.supervisor import Supervisor, UpConfig
+    from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
     check_engine_args(argv)
@@ -81,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,
                           route_headers=args.route_headers,
-                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0)
+                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0,
+                          observability=ObservabilityConfig(args.access_log or DEFAULT_ACCESS_LOG,
+                                                            args.otlp_traces_endpoint))
     except ValueError as e:
         print(f"pagedkube up: error: {e}", file=sys.stderr)
         return 2

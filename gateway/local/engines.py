@@ -1,21 +1,34 @@
-"""Engine processes of `pagedkube up`: the local ScaleTarget.
+"""Engine processes of `pagedkube up`: the local ScaleTarget, supervised like a process manager.
 
 Each engine is `python -m pagedkube serve --host 127.0.0.1 --port <free> <engine flags>`
 in its own session (Ctrl-C in the terminal reaches only the supervisor, which
 drains the engines itself) with PR_SET_PDEATHSIG = SIGTERM, so an engine drains
-and exits even when the supervisor is SIGKILLed.
+and exits even when the supervisor is SIGKILLed. Every engine of one run wants
+the same random API key (PAGEDKUBE_API_KEY, in its environment, not its argv),
+which the gateway sends, so engine ports on localhost answer 401 to anyone else,
+and the same random cache hash seed (PAGEDKUBE_HASH_SEED), as the operator does.
 
-    state:  starting -> loading -> ready -> draining -> stopped
-                                 \\-> failed (exited on its own)
+    state:  starting -> loading -> ready <-> unhealthy
+                           ^                    |
+                           |    exited, or /health failed N times (killed)
+                           |                    v
+                           +---- (back-off) - restarting
+            any live state -> draining -> stopped    (scale-in, Ctrl-C)
+
+An engine slot (engine-0, ...) keeps its name across restarts and gets a fresh
+port each time, so the gateway sees a new endpoint with an empty cache. The
+back-off and the health check are restart.py's.
 
 The supervisor, not a probe, tells the gateway's EndpointSet what is routable:
-an engine joins as not_ready, turns ready when GET /ready answers 200, and
-turns terminating *before* it gets SIGTERM, so no new request reaches an engine
-that drains (DESIGN.md §5); it leaves the set once its process has exited.
+an engine joins as not_ready, turns ready when GET /ready answers 200, turns
+not_ready while /health answers an error (unhealthy) and leaves the set when its
+process exits; it turns terminating *before* it gets SIGTERM, so no new request
+reaches an engine that drains (DESIGN.md §5).
 """
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -26,27 +39,20 @@ from typing import Callable, Mapping, Sequence
 import httpx
 
 from pagedkube.gateway.endpoints import NOT_READY, READY, TERMINATING, EndpointSet
+from pagedkube.gateway.local.restart import Backoff, RestartPolicy
+from pagedkube.parent_death import die_with_parent
 
-STARTING, LOADING, DRAINING, STOPPED, FAILED = "starting", "loading", "draining", "stopped", "failed"
-LIVE = (STARTING, LOADING, READY)
+STARTING, LOADING, UNHEALTHY, RESTARTING = "starting", "loading", "unhealthy", "restarting"
+DRAINING, STOPPED = "draining", "stopped"
+LIVE = (STARTING, LOADING, READY, UNHEALTHY, RESTARTING)
 KILL_GRACE_S = 5.0     # after the engine's own drain timeout, before SIGKILL
-_PR_SET_PDEATHSIG = 1
+READY_POLL_S = 0.25    # GET /ready while loading: the status line turns within a quarter second
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM when the supervisor dies (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 @dataclass(eq=False)
@@ -58,6 +64,11 @@ class LocalEngine:
     started_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None
     proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0                      # processes started after the first
+    last_exit: str = ""                    # why the previous process ended
+    retry_at: float | None = None          # while restarting: when the next process starts
+    stopping: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)   # stop() ends a back-off wait
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
@@ -69,7 +80,9 @@ class LocalEngines:
     def __init__(self, endpoints: EndpointSet, engine_args: Sequence[str], *,
                  on_change: Callable[[LocalEngine], None] = lambda e: None,
                  on_log: Callable[[str, str], None] = lambda name, line: None,
-                 drain_timeout: float = 25.0, host: str = "127.0.0.1", ready_poll: float = 0.25):
+                 drain_timeout: float = 25.0, host: str = "127.0.0.1", ready_poll: float = READY_POLL_S,
+                 api_key: str | None = None, hash_seed: str | None = None,
+                 policy: RestartPolicy = RestartPolicy()):
         self.endpoints = endpoints
         self.engine_args = list(engine_args)
         self.on_change = on_change
@@ -77,16 +90,19 @@ class LocalEngines:
         self.drain_timeout = drain_timeout
         self.host = host
         self.ready_poll = ready_poll
+        self.policy = policy
+        secrets = {"PAGEDKUBE_API_KEY": api_key, "PAGEDKUBE_HASH_SEED": hash_seed}
+        self.env = {**os.environ, **{k: v for k, v in secrets.items() if v}}   # not argv: `ps` shows that
         self.engines: list[LocalEngine] = []
         self._next_index = 0
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(2.0))
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(policy.health_timeout_s))
 
     # -- ScaleTarget ------------------------------------------------------------------
     async def is_leader(self) -> bool:
         return True
 
     def live(self) -> list[LocalEngine]:
-        return [e for e in self.engines if e.state in LIVE]
+        return [e for e in self.engines if e.state in LIVE and not e.stopping]
 
     async def get_replicas(self) -> int:
         return len(self.live())
@@ -97,7 +113,7 @@ class LocalEngines:
             await self.spawn()
         if replicas >= len(live):
             return
-        # Engines still loading go first (nothing cached, nothing served), then the
+        # Engines not serving go first (nothing cached, nothing served), then the
         # victims the autoscaler chose by cache worth, then the newest.
         by_url = {e.url: e for e in live}
         order = [e for e in reversed(live) if e.state != READY]
@@ -109,68 +125,132 @@ class LocalEngines:
     async def close(self) -> None:
         pass   # the supervisor stops the engines (stop_all) after the gateway
 
-    # -- processes ------------------------------------------------------------------------
+    # -- states ---------------------------------------------------------------------------
     def _publish(self) -> None:
-        states = {}
-        for e in self.engines:
-            if e.state in (STARTING, LOADING):
-                states[e.url] = NOT_READY
-            elif e.state == READY:
-                states[e.url] = READY
-            elif e.state == DRAINING:
-                states[e.url] = TERMINATING
-        self.endpoints.update(states)
+        routable = {STARTING: NOT_READY, LOADING: NOT_READY, UNHEALTHY: NOT_READY, READY: READY,
+                    DRAINING: TERMINATING}
+        self.endpoints.update({e.url: routable[e.state] for e in self.engines if e.state in routable})
 
     def _set_state(self, engine: LocalEngine, state: str) -> None:
         if engine.state != state:
             engine.state = state
-            if state == READY:
+            if state == READY and engine.ready_at is None:
                 engine.ready_at = time.monotonic()
             self._publish()
             self.on_change(engine)
 
+    # -- processes ------------------------------------------------------------------------
     async def spawn(self) -> LocalEngine:
         engine = LocalEngine(f"engine-{self._next_index}", free_port(self.host), self.host)
         self._next_index += 1
         self.engines.append(engine)
+        await self._start(engine)
+        engine.tasks.append(asyncio.create_task(self._supervise(engine), name=f"{engine.name} supervise"))
+        return engine
+
+    async def _start(self, engine: LocalEngine) -> None:
+        engine.started_at, engine.ready_at, engine.retry_at = time.monotonic(), None, None
+        engine.tasks = [t for t in engine.tasks if not t.done()]
         cmd = [sys.executable, "-P", "-m", "pagedkube", "serve", "--host", self.host, "--port", str(engine.port),
                *self.engine_args]
         engine.proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
-        self._set_state(engine, LOADING)
-        engine.tasks = [asyncio.create_task(self._pump(engine), name=f"{engine.name} log"),
-                        asyncio.create_task(self._watch(engine), name=f"{engine.name} watch")]
-        return engine
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=self.env,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)   # SIGTERM: the engine drains
+        engine.tasks.append(asyncio.create_task(self._pump(engine.name, engine.proc), name=f"{engine.name} log"))
+        if not engine.stopping:
+            self._set_state(engine, LOADING)
 
-    async def _pump(self, engine: LocalEngine) -> None:
-        assert engine.proc is not None and engine.proc.stdout is not None
-        async for raw in engine.proc.stdout:
-            self.on_log(engine.name, raw.decode(errors="replace").rstrip())
+    async def _pump(self, name: str, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            self.on_log(name, raw.decode(errors="replace").rstrip())
 
-    async def _watch(self, engine: LocalEngine) -> None:
-        """Readiness until ready, then the process's exit."""
+    async def _supervise(self, engine: LocalEngine) -> None:
+        """Run, and after every exit that nobody asked for, wait the back-off and start again."""
+        backoff = Backoff(self.policy)
+        while True:
+            why = await self._run(engine)
+            if engine.stopping:
+                break
+            ready_for = None if engine.ready_at is None else time.monotonic() - engine.ready_at
+            delay = backoff.delay(ready_for)
+            engine.last_exit, engine.retry_at = why, time.monotonic() + delay
+            self._set_state(engine, RESTARTING)   # out of the EndpointSet first
+            logs = [t for t in engine.tasks if t.get_name() == f"{engine.name} log" and not t.done()]
+            if logs:   # its last words (a traceback) before ours
+                await asyncio.wait(logs, timeout=1.0)
+            self.on_log(engine.name, f"{why}; restarting in {delay:g} s")
+            try:
+                await asyncio.wait_for(engine.wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+            if engine.stopping:
+                break
+            engine.restarts += 1
+            engine.port = free_port(self.host)
+            await self._start(engine)
+            if engine.stopping:   # stop() came while the process was being created
+                self._signal(engine, signal.SIGTERM)
+                await self._reap(engine)
+                break
+        self._set_state(engine, STOPPED)
+
+    async def _run(self, engine: LocalEngine) -> str:
+        """One process, until it exits: readiness while loading, then liveness. Returns why it ended."""
         proc = engine.proc
         assert proc is not None
-        wait = asyncio.ensure_future(proc.wait())
-        while engine.state == LOADING and not wait.done():
-            try:
-                r = await self._client.get(f"{engine.url}/ready")
-                if r.status_code == 200 and engine.state == LOADING:
+        exited = asyncio.ensure_future(proc.wait())
+        failures, killed = 0, ""
+        while not exited.done():
+            if engine.state == LOADING:
+                if await self._probe(engine, "/ready") == 200 and engine.state == LOADING:
                     self._set_state(engine, READY)
-                    break
-            except httpx.HTTPError:
+                else:
+                    await asyncio.wait({exited}, timeout=self.ready_poll)
+                continue
+            if engine.state not in (READY, UNHEALTHY):
+                await exited   # draining: _reap watches the clock
+                break
+            await asyncio.wait({exited}, timeout=self.policy.health_period_s)
+            if exited.done() or engine.state not in (READY, UNHEALTHY):
+                continue
+            status = await self._probe(engine, "/health")
+            if status == 200:
+                failures = 0
+                self._set_state(engine, READY)
+                continue
+            failures += 1
+            if status is not None:   # it answered, and said it is broken: route around it now
+                self._set_state(engine, UNHEALTHY)
+            if failures >= self.policy.health_failures:
+                killed = f"/health failed {failures} times in a row ({status or 'no answer'}): killed"
+                self._signal(engine, signal.SIGKILL)
+                await exited
+        return killed or f"exited with code {exited.result()}"
+
+    async def _probe(self, engine: LocalEngine, path: str) -> int | None:
+        """The HTTP status of GET path, or None for no answer (refused, timed out)."""
+        try:
+            return (await self._client.get(f"{engine.url}{path}")).status_code
+        except httpx.HTTPError:
+            return None
+
+    def _signal(self, engine: LocalEngine, sig: int) -> None:
+        """To the engine's whole process group: the server and its engine-core child."""
+        if engine.proc is not None and engine.proc.returncode is None:
+            try:
+                os.killpg(engine.proc.pid, sig)
+            except ProcessLookupError:
                 pass
-            await asyncio.wait({wait}, timeout=self.ready_poll)
-        code = await wait
-        self._set_state(engine, STOPPED if engine.state == DRAINING else FAILED)
-        if code and engine.state == FAILED:
-            self.on_log(engine.name, f"exited with code {code}")
 
     def stop(self, engine: LocalEngine) -> asyncio.Task | None:
         """Stop routing to it, then SIGTERM (it drains) and SIGKILL after its drain timeout."""
-        if engine.state not in LIVE or engine.proc is None:
+        if engine.stopping or engine.state not in LIVE:
             return None
+        engine.stopping = True
+        engine.wake.set()
+        if engine.state == RESTARTING or engine.proc is None or engine.proc.returncode is not None:
+            return None   # no process: the supervise loop ends at once, as stopped
         self._set_state(engine, DRAINING)     # terminating in the EndpointSet first
         engine.proc.send_signal(signal.SIGTERM)
         task = asyncio.create_task(self._reap(engine), name=f"{engine.name} stop")
@@ -184,7 +264,7 @@ class LocalEngines:
             await asyncio.wait_for(proc.wait(), self.drain_timeout + KILL_GRACE_S)
         except asyncio.TimeoutError:
             self.on_log(engine.name, "did not exit after its drain timeout: SIGKILL")
-            proc.kill()
+            self._signal(engine, signal.SIGKILL)
             await proc.wait()
 
     async def stop_all(self) -> None:

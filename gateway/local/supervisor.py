@@ -9,19 +9,28 @@ Start: spawn the initial engines, then serve the gateway (its autoscaler, if
 on, sees them from its first tick). Stop (Ctrl-C / SIGTERM, or the gateway
 failing): stop the gateway (no new requests), then drain every engine, SIGKILL
 stragglers, and return; PDEATHSIG covers a supervisor that is SIGKILLed.
+
+Meanwhile LocalEngines restarts engines that exit or stop answering /health
+(restart.py). Each run draws a random engine API key: the engines require it
+and the gateway sends it (--engine-api-key), so nothing else on this machine can
+use an engine port directly, bypassing the gateway's keys and tenant salts; and a
+random cache hash seed, shared by its engines (restarts included).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import secrets
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
-from pagedkube.gateway.local.engines import READY, LocalEngine, LocalEngines
+from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
+from pagedkube.observability import ObservabilityConfig
 
 
 @dataclass(slots=True)
@@ -37,6 +46,7 @@ class UpConfig:
     route_headers: bool = False      # `pagedkube gateway --route-headers`
     drain_timeout: float = 25.0
     scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if self.replicas < 0:
@@ -77,9 +87,14 @@ class Supervisor:
         self._announced = False
 
     def _on_engine(self, engine: LocalEngine) -> None:
-        detail = engine.url
+        notes = []
         if engine.state == READY and engine.ready_at is not None:
-            detail += f"  (loaded in {engine.ready_at - engine.started_at:.1f} s)"
+            notes.append(f"loaded in {engine.ready_at - engine.started_at:.1f} s")
+        if engine.state == RESTARTING and engine.retry_at is not None:
+            notes.append(f"{engine.last_exit}; next start in {max(0.0, engine.retry_at - time.monotonic()):.0f} s")
+        if engine.restarts:
+            notes.append(f"restarts {engine.restarts}")
+        detail = engine.url + (f"  ({', '.join(notes)})" if notes else "")
         self.console.set_state(engine.name, engine.state, detail)
         if engine.state == READY and not self._announced:
             self._announced = True
@@ -116,12 +131,16 @@ class Supervisor:
         except OSError as e:
             self.console.log("up", f"cannot listen on {c.host}:{c.port}: {e}")
             return 1
+        # This run's engine key and cache hash seed, 256 random bits each; never printed.
+        api_key, hash_seed = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
-                                       scrape_interval=c.scrape_interval))
+                                       scrape_interval=c.scrape_interval, engine_api_key=api_key,
+                                       observability=c.observability))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
-                                    on_log=self.console.log, drain_timeout=c.drain_timeout)
+                                    on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key,
+                                    hash_seed=hash_seed)
         if c.autoscale is not None:
             self.gateway.scale_target = self.engines
         self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")

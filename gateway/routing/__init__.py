@@ -5,6 +5,7 @@
     prefix_index.py  per-endpoint bounded LRU of the block hashes its cache feed reports
     picker.py        composes them: deepest held prefix within the bound, else the ring
     policies.py      the baselines: round-robin and least-load
+    keys.py          a prompt's token ids -> RoutingInput (hashes, ring key, head depth)
 """
 from pagedkube.gateway.routing.types import Decision, Picker, RoutingInput
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+# The routing policies (gateway --routing, pagedkube up --routing, LLMService
+# spec.gateway.routing.policy): defined once, here.
+ROUTING_POLICIES = ("prefix", "round-robin", "least-load")
+
 # Reasons, as used in pagedkube_gateway_routing_decisions_total{reason}.
 AFFINITY = "affinity"      # the deepest held prefix, within the load bound
 RING = "ring"              # nothing held: the ring's first pod for the key, within the bound
@@ -28,16 +32,22 @@ class RoutingInput:
     `block_hashes` are the engine's chained hashes of the prompt's full blocks
     (salted with the tenant's cache salt), empty when the prompt could not be
     tokenized. `ring_key` is the 32-byte key the ring is walked from.
+    `head_blocks` is how many full blocks the ring key covers (the prompt's
+    head, at most ring_key_blocks): the depth an engine must hold to draw the
+    request by affinity under the head-only rule (picker.py).
     """
     ring_key: bytes
     block_hashes: tuple[bytes, ...] = ()
     num_prompt_tokens: int = 0
     block_size: int = 16
     tokenized: bool = True
+    head_blocks: int = 0
 
     def __post_init__(self) -> None:
         if len(self.ring_key) < 8:
             raise ValueError("ring_key must be at least 8 bytes (a sha256 digest)")
+        if self.head_blocks < 0:
+            raise ValueError(f"head_blocks must be >= 0, got {self.head_blocks}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,22 +7,27 @@ from pagedkube.operator.builders.engine import build_engine_deployment, build_en
 from pagedkube.operator.builders.gateway import build_gateway_deployment, build_gateway_service
 from pagedkube.operator.builders.monitoring import build_service_monitor
 from pagedkube.operator.builders.pdb import build_engine_pdb
+from pagedkube.operator.builders.security import build_engine_network_policy
 from pagedkube.operator.builders.rbac import (
     build_gateway_role, build_gateway_role_binding, build_gateway_service_account)
 from pagedkube.operator.spec import LLMServiceSpec
 
 
-def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool) -> list[dict[str, Any]]:
-    """Every child, in apply order (RBAC before the pods that use it)."""
+def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_version: str = "") -> list[dict[str, Any]]:
+    """Every applied child, in apply order (RBAC and the NetworkPolicy before the pods).
+
+    The generated Secret is not among them: it is created once, not applied (reconcile.py);
+    secret_version is its digest, so the pods roll if it is ever made anew."""
     children = [
         build_gateway_service_account(svc),
         build_gateway_role(svc),
         build_gateway_role_binding(svc),
+        *([build_engine_network_policy(svc)] if svc.network_policy.enabled else []),
         build_engine_service(svc),
-        build_engine_deployment(svc),
+        build_engine_deployment(svc, secret_version),
         build_engine_pdb(svc),
         build_gateway_service(svc),
-        build_gateway_deployment(svc),
+        build_gateway_deployment(svc, secret_version),
     ]
     if with_service_monitor and svc.monitoring_enabled:
         children.append(build_service_monitor(svc))

@@ -15,15 +15,6 @@ HOME_ENV = [
     {"name": "HOME", "value": "/tmp"},
     {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
 ]
-ENGINE_API_KEY_KEY = "api-key"   # the key inside spec.engine.apiKeySecretRef's Secret (docs/operator.md)
-
-
-def engine_api_key_env(svc: Any, name: str) -> list[dict[str, Any]]:
-    """`name` set from the engines' API key Secret, if the LLMService names one."""
-    secret = svc.engine.api_key_secret
-    if not secret:
-        return []
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": ENGINE_API_KEY_KEY}}}]
 
 
 def pod_security_context() -> dict[str, Any]:

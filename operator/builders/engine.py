@@ -17,9 +17,10 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, engine_api_key_env, http_probe, maybe,
-    pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
 from pagedkube.operator.builders.model import model_mount
+from pagedkube.operator.builders.security import (
+    SECRET_VERSION_ANNOTATION, engine_api_key_env, hash_seed_env)
 from pagedkube.operator.spec import LLMServiceSpec
 
 PRESTOP_SLEEP_S = 5       # EndpointSlice propagation to every gateway replica
@@ -65,7 +66,7 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
 def engine_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
     # vLLM reads its key from VLLM_API_KEY (and guards only its /v1 paths with it).
     key_var = "VLLM_API_KEY" if svc.engine.runtime == "vllm" else "PAGEDKUBE_API_KEY"
-    env = [*HOME_ENV, *engine_api_key_env(svc, key_var)]
+    env = [*HOME_ENV, *engine_api_key_env(svc, key_var), *hash_seed_env(svc)]
     if svc.engine.runtime == "vllm":
         env += [{"name": "HF_HOME", "value": "/tmp/hf"},
                 {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -73,7 +74,8 @@ def engine_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
     return env + [dict(v) for v in svc.engine.env]
 
 
-def build_engine_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
+def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "") -> dict[str, Any]:
+    """secret_version: security.secret_version() of the generated Secret; a new one rolls the pods."""
     e = svc.engine
     image = engine_image(svc)
     mount = model_mount(svc.source, image=image, hf_token_secret=svc.hf_token_secret,
@@ -115,7 +117,8 @@ def build_engine_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
             "selector": {"matchLabels": match_labels},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": {
-                "metadata": {"labels": naming.labels(svc.name, "engine")},
+                "metadata": {"labels": naming.labels(svc.name, "engine"),
+                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,

@@ -10,8 +10,8 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, engine_api_key_env, http_probe, maybe,
-    pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+from pagedkube.operator.builders.security import SECRET_VERSION_ANNOTATION, engine_api_key_env
 from pagedkube.operator.spec import LLMServiceSpec
 
 GATEWAY_CONTAINER = "gateway"
@@ -27,6 +27,8 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
             "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
     if g.api_key_secret:
         args += ["--api-keys", f"{API_KEYS_DIR}/{API_KEYS_KEY}"]
+    if g.route_headers:
+        args += ["--route-headers"]
     if a.enabled:
         args += ["--autoscale", "--llmservice", svc.name,
                  "--min-replicas", str(a.min_replicas), "--max-replicas", str(a.max_replicas),
@@ -36,7 +38,8 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
     return args
 
 
-def build_gateway_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
+def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> dict[str, Any]:
+    """secret_version: as for the engines, so both sides restart onto a re-created key together."""
     g = svc.gateway
     volumes = [TMP_VOLUME]
     mounts = [TMP_MOUNT]
@@ -72,7 +75,8 @@ def build_gateway_deployment(svc: LLMServiceSpec) -> dict[str, Any]:
             "selector": {"matchLabels": naming.selector_labels(svc.name, "gateway")},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": naming.labels(svc.name, "gateway")},
+                "metadata": {"labels": naming.labels(svc.name, "gateway"),
+                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
                 "spec": {
                     "serviceAccountName": naming.gateway_name(svc.name),
                     "enableServiceLinks": False,

@@ -10,93 +10,14 @@ built-in model, the gateway in the supervisor, short windows set by flags.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+from up_process import START_TIMEOUT_S, Up, assert_stopped_cleanly
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-START_TIMEOUT_S = 240     # engines importing torch on a shared 2-core machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Up:
-    def __init__(self, tmp_path: Path, *flags: str, model: str | None = "builtin://tiny"):
-        """`model`: the fast toy unless a test names another; None runs `up`'s default model."""
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp_path / "up.log"
-        self.log = open(self.log_path, "w")
-        model = ("--model", model) if model else ()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", "--port", str(self.port), *model, *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def text(self) -> str:
-        return self.log_path.read_text()
-
-    def engine_pids(self) -> dict[str, int]:
-        return {m[1]: int(m[2]) for m in re.finditer(r"^(engine-\d+) \| INFO: +Started server process \[(\d+)\]",
-                                                      self.text(), re.M)}
-
-    def metrics(self) -> dict[str, float]:
-        out = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("pagedkube_autoscaler_"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def wait_for(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"pagedkube up exited:\n{self.text()[-3000:]}"
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.text()[-4000:]}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(90)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.log.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def assert_stopped_cleanly(up: Up, expected_engines: int) -> None:
-    pids = up.engine_pids()
-    assert up.stop() == 0, up.text()[-3000:]
-    assert len(pids) == expected_engines, pids
-    assert not [pid for pid in pids.values() if alive(pid)], f"orphan engines: {pids}"
-    assert "all stopped" in up.text()
 
 
 async def completion(client: httpx.AsyncClient, url: str, i: int, max_tokens: int = 8) -> httpx.Response:

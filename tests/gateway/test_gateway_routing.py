@@ -24,9 +24,11 @@ def cluster(module_processes, engine_model_args, wait_until):
     engines = [module_processes.engine(*engine_model_args) for _ in range(3)]
     module_processes.wait_ready(*engines)
     a, b, c = (e.url for e in engines)
+    # The paper's bound (c = 1.25, no floor): the bound test below counts on capacity 2 of 2 pods.
+    bound = ("--load-bound", "1.25", "--load-floor", "0")
     gateways = {
-        "one": module_processes.gateway([a, b]),
-        "two": module_processes.gateway([b, a]),
+        "one": module_processes.gateway([a, b], *bound),
+        "two": module_processes.gateway([b, a], *bound),
         # Probes rarely, so a killed engine is found by the proxy, not by the probe.
         "kill": module_processes.gateway([a, b, c], "--scrape-interval", "60", "--eject-seconds", "60"),
     }

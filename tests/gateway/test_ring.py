@@ -56,7 +56,7 @@ def test_empty_ring_and_validation():
 
 
 def test_bounded_load_capacity_is_ceil_c_times_mean_after_adding_one():
-    bound = BoundedLoad(1.25)
+    bound = BoundedLoad(1.25, floor=0)
     loads = {PODS[0]: 3, PODS[1]: 1, PODS[2]: 0, PODS[3]: 0}
     # total 4, one more: ceil(1.25 * 5 / 4) = 2
     assert bound.capacity(loads, PODS) == 2
@@ -69,7 +69,7 @@ def test_bounded_load_capacity_is_ceil_c_times_mean_after_adding_one():
 def test_bounded_load_always_finds_room_and_caps_max_over_mean():
     """Feed 400 requests that all share one key, never finishing: the bound must
     spread them so that max load <= ceil(c * mean) at every step."""
-    bound, ring = BoundedLoad(1.25), HashRing(PODS)
+    bound, ring = BoundedLoad(1.25, floor=0), HashRing(PODS)
     loads = dict.fromkeys(PODS, 0)
     walk = ring.walk(key(7))
     for n in range(400):
@@ -77,3 +77,18 @@ def test_bounded_load_always_finds_room_and_caps_max_over_mean():
         loads[chosen] += 1
         assert max(loads.values()) <= -(-1.25 * (n + 1) // 4)
     assert loads[walk[0]] == 125 == max(loads.values())  # the key's owner fills to c x mean
+
+
+def test_bounded_load_floor():
+    """Below the floor an engine always takes one more; above it, c x mean rules."""
+    bound = BoundedLoad(1.5, floor=4)
+    assert bound.capacity(dict.fromkeys(PODS, 0), PODS) == 4           # ceil(1.5 * 1 / 4) = 1 < 4
+    assert bound.capacity({PODS[0]: 3}, PODS) == 4
+    assert bound.capacity(dict.fromkeys(PODS, 8), PODS) == 13          # ceil(1.5 * 33 / 4)
+    loads = dict.fromkeys(PODS, 0)
+    walk = HashRing(PODS).walk(key(3))
+    for _ in range(4):                                                 # one key, never finishing
+        loads[bound.first_within(walk, loads, PODS)] += 1
+    assert loads[walk[0]] == 4 and sum(loads.values()) == 4            # the owner takes the first four
+    with pytest.raises(ValueError):
+        BoundedLoad(1.5, floor=-1)

@@ -48,8 +48,8 @@ def children(spec_name: str, with_service_monitor: bool = True) -> dict[str, dic
 def test_every_child_is_valid_kubernetes_and_owned(spec_name: str) -> None:
     objs = children(spec_name)
     assert sorted(objs) == [
-        "Deployment/demo-engine", "Deployment/demo-gateway", "PodDisruptionBudget/demo-engine",
-        "Role/demo-gateway", "RoleBinding/demo-gateway", "Service/demo", "Service/demo-engine",
+        "Deployment/demo-engine", "Deployment/demo-gateway", "NetworkPolicy/demo-engine",
+        "PodDisruptionBudget/demo-engine", "Role/demo-gateway", "RoleBinding/demo-gateway", "Service/demo", "Service/demo-engine",
         "ServiceAccount/demo-gateway", "ServiceMonitor/demo"]
     for key, obj in objs.items():
         if obj["kind"] != "ServiceMonitor":  # not in the Kubernetes schemas; checked below
@@ -165,18 +165,18 @@ def test_engine_api_key_reaches_the_engines_and_the_gateway(runtime: str, source
     ref = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
     (engine,) = objs["Deployment/demo-engine"]["spec"]["template"]["spec"]["containers"]
     (gateway,) = objs["Deployment/demo-gateway"]["spec"]["template"]["spec"]["containers"]
-    assert [e for e in engine["env"] if "valueFrom" in e] == [{"name": variable, "valueFrom": ref}]
+    keyed = [e for e in engine["env"] if "valueFrom" in e]
+    assert keyed[0] == {"name": variable, "valueFrom": ref}
+    # Our engines also get the generated hash seed; vLLM seeds its own per process.
+    assert keyed[1:] == ([] if runtime == "vllm" else [{"name": "PAGEDKUBE_HASH_SEED", "valueFrom": {
+        "secretKeyRef": {"name": "demo-engine-secret", "key": "hash-seed"}}}])
     assert {"name": "PAGEDKUBE_ENGINE_API_KEY", "valueFrom": ref} in gateway["env"]
     # Probes and scrapes stay on the paths a keyed engine leaves open.
     assert engine["readinessProbe"]["httpGet"]["path"] in ("/ready", "/health")
     assert engine["livenessProbe"]["httpGet"]["path"] == "/health"
     for obj in objs.values():
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION, obj["kind"]
-    # Without the field, no key anywhere: the engines answer anyone in the cluster, as before.
-    plain = children("builtin-cpu")
-    for name in ("Deployment/demo-engine", "Deployment/demo-gateway"):
-        (c,) = plain[name]["spec"]["template"]["spec"]["containers"]
-        assert not {e["name"] for e in c["env"]} & {"PAGEDKUBE_API_KEY", "VLLM_API_KEY", "PAGEDKUBE_ENGINE_API_KEY"}
+    # Without the field, the generated Secret's key (tests/operator/test_security.py).
 
 
 def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
@@ -246,6 +246,6 @@ def test_examples_build_valid_children(example: str) -> None:
     doc = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests/examples" / example).read_text())
     doc["metadata"].update(namespace="default", uid=UID)
     objs = build_children(LLMServiceSpec.from_body(doc), with_service_monitor=False)
-    assert len(objs) == 8
+    assert len(objs) == 9
     for obj in objs:
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION

@@ -67,8 +67,10 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     obj = apply_defaults(schema, {"spec": {"model": {"source": "builtin://tiny"}}})
     assert obj["spec"]["replicas"] == 1
     assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
-                                     "drainTimeoutSeconds": 30}
-    assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.25}
+                                     "drainTimeoutSeconds": 30, "requireApiKey": True}
+    assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
+    assert obj["spec"]["gateway"]["routeHeaders"] is False
+    assert obj["spec"]["networkPolicy"] == {"enabled": True}   # metricsFrom unset: the operator's default
 
 
 BASE = {"apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService", "metadata": {"name": "x"},
@@ -106,6 +108,9 @@ INVALID = [
      "spec.gateway.apiKeySecretRef: 'name' is a required property"),
     ("engine key without name", variant(engine={"apiKeySecretRef": {}}),
      "spec.engine.apiKeySecretRef: 'name' is a required property"),
+    ("no key but a key secret", variant(engine={"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}),
+     ".spec.engine: engine.requireApiKey false contradicts engine.apiKeySecretRef"),
+    ("empty metrics peer", variant(networkPolicy={"metricsFrom": [{}]}), "spec.networkPolicy.metricsFrom.0: {}"),
 ]
 
 
@@ -118,6 +123,8 @@ def test_invalid_llmservices_fail_for_the_stated_reason(case: str, obj: dict, re
 
 def test_the_same_specs_pass_when_fixed() -> None:
     ok = variant(autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 3}, replicas=0,
-                 engine={"runtime": "vllm", "apiKeySecretRef": {"name": "engine-key"}},
+                 engine={"runtime": "vllm", "apiKeySecretRef": {"name": "engine-key"}, "requireApiKey": True},
+                 gateway={"routeHeaders": True},
+                 networkPolicy={"metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]},
                  model={"source": "pvc://weights/llama"})
     assert validate(CRD, ok) == []

@@ -7,6 +7,7 @@ Deployment controller (writes Deployment and pod status).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import sys
 import threading
@@ -22,6 +23,7 @@ import pytest_asyncio
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders import build_children
+from pagedkube.operator.builders.security import SECRET_VERSION_ANNOTATION
 from pagedkube.operator.drift import is_subset
 from pagedkube.operator.handlers import register_handlers
 from pagedkube.operator.install import operator_rules
@@ -40,7 +42,9 @@ CHILD_RESOURCES = {
     "Deployment": "apps/v1/deployments", "Service": "v1/services", "ServiceAccount": "v1/serviceaccounts",
     "Role": "rbac.authorization.k8s.io/v1/roles", "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings",
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets", "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
+    "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Secret": "v1/secrets",
 }
+ALL_CHILDREN = 11   # build_children's 10 with a ServiceMonitor, and the generated Secret
 LLMSERVICE = "pagedkube.io/v1alpha1/llmservices"
 RESOURCES: dict[str, Any] = {
     LLMSERVICE: dict(kind="LLMService", namespaced=True, subresources={"status", "scale"}),
@@ -168,7 +172,7 @@ async def test_create_makes_every_child_owned_and_reports_status(operator: Clust
     created = await user.call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices", llmservice(SPEC),
                               content_type="application/json")
     uid = created["metadata"]["uid"]
-    await until(lambda: len(children_in(operator)) == 9, "nine children")
+    await until(lambda: len(children_in(operator)) == ALL_CHILDREN, "every child")
     live = children_in(operator)
     svc = LLMServiceSpec.from_body({**llmservice(SPEC), "metadata": {**created["metadata"]}})
     for child in build_children(svc, with_service_monitor=True):
@@ -210,16 +214,16 @@ async def test_no_service_monitor_without_the_prometheus_operator(operator: Clus
     await until(lambda: "pagedkube.io/last-handled-configuration" in
                 (obj(operator, LLMSERVICE, "demo")["metadata"].get("annotations") or {}), "creation handled")
     assert sorted(children_in(operator)) == [
-        "Deployment/demo-engine", "Deployment/demo-gateway", "PodDisruptionBudget/demo-engine",
-        "Role/demo-gateway", "RoleBinding/demo-gateway", "Service/demo", "Service/demo-engine",
-        "ServiceAccount/demo-gateway"]
+        "Deployment/demo-engine", "Deployment/demo-gateway", "NetworkPolicy/demo-engine",
+        "PodDisruptionBudget/demo-engine", "Role/demo-gateway", "RoleBinding/demo-gateway",
+        "Secret/demo-engine-secret", "Service/demo", "Service/demo-engine", "ServiceAccount/demo-gateway"]
 
 
 async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulator) -> None:
     user = User(operator)
     base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
     await user.call("POST", base, llmservice(SPEC), content_type="application/json")
-    await until(lambda: len(children_in(operator)) == 9, "nine children")
+    await until(lambda: len(children_in(operator)) == ALL_CHILDREN, "every child")
 
     # `kubectl scale llms demo --replicas 4` (what the autoscaler does, through /scale).
     await user.call("PATCH", f"{base}/demo", {"spec": {"replicas": 4, "engine": {"maxNumSeqs": 64}}})
@@ -231,6 +235,10 @@ async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulat
     await user.call("PATCH", f"{base}/demo", {"spec": {"monitoring": {"enabled": False}}})
     await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None, "no monitor")
     await until(lambda: ("Deleted", "ServiceMonitor demo") in events(operator), "a Deleted event")
+    # So does the NetworkPolicy when it is switched off.
+    await user.call("PATCH", f"{base}/demo", {"spec": {"networkPolicy": {"enabled": False}}})
+    await until(lambda: obj(operator, "networking.k8s.io/v1/networkpolicies", "demo-engine") is None, "no policy")
+    await until(lambda: ("Deleted", "NetworkPolicy demo-engine") in events(operator), "its Deleted event")
 
     # Someone deletes the gateway Service: it comes back.
     await user.call("DELETE", api_path("v1", "Service", NS, "demo"))
@@ -251,7 +259,7 @@ async def test_resync_restores_unwatched_children(operator: ClusterEmulator) -> 
     user = User(operator)
     await user.call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices", llmservice(SPEC),
                     content_type="application/json")
-    await until(lambda: len(children_in(operator)) == 9, "nine children")
+    await until(lambda: len(children_in(operator)) == ALL_CHILDREN, "every child")
     await user.call("DELETE", api_path("monitoring.coreos.com/v1", "ServiceMonitor", NS, "demo"))
     assert obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None
     await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is not None,
@@ -276,7 +284,7 @@ async def test_deletion_leaves_nothing_behind_and_rbac_covers_every_call(operato
     user = User(operator)
     base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
     await user.call("POST", base, llmservice(SPEC), content_type="application/json")
-    await until(lambda: len(children_in(operator)) == 9, "nine children")
+    await until(lambda: len(children_in(operator)) == ALL_CHILDREN, "every child")
     # No finalizer: deleting an LLMService never waits for the operator to be up.
     assert not obj(operator, LLMSERVICE, "demo")["metadata"].get("finalizers")
     await user.call("DELETE", f"{base}/demo")
@@ -337,7 +345,7 @@ async def test_pagedkube_operator_command_runs_against_a_kubeconfig(cluster: Clu
         assert proc.returncode is None and await healthy()
         await User(cluster).call("POST", f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices",
                                  llmservice(SPEC), content_type="application/json")
-        await until(lambda: len(children_in(cluster)) == 9, "nine children from the CLI operator", timeout=40)
+        await until(lambda: len(children_in(cluster)) == ALL_CHILDREN, "every child from the CLI operator", timeout=40)
     finally:
         proc.terminate()
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
@@ -356,3 +364,39 @@ async def test_a_stale_event_for_a_deleted_llmservice_applies_nothing(cluster: C
     assert await asyncio.to_thread(reconciler.reconcile, stale) == {}
     applies = [r for r in cluster if r.headers.get("Content-Type", "").startswith("application/apply-patch")]
     assert applies == [] and emitted == [] and children_in(cluster) == {}
+
+
+async def test_the_engine_secret_is_made_once_never_rotated_and_remade_if_deleted(cluster: ClusterEmulator) -> None:
+    """The Reconciler (no kopf) against the emulator: a random key and seed the first time,
+    the same Secret on every later reconcile (spec changes included), and a deleted one made
+    anew with new values, which rolls both Deployments (their pod-template annotation)."""
+    user = User(cluster)
+    base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
+    body = await user.call("POST", base, llmservice(SPEC), content_type="application/json")
+    kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(cluster.url).rstrip("/"))))
+    tokens = iter(f"token-{i}" for i in range(100))
+    reconciler = Reconciler(kube=kube, emit=lambda *args: None, token=lambda: next(tokens))
+
+    def secret() -> dict:
+        return {k: base64.b64decode(v).decode() for k, v in obj(cluster, "v1/secrets", "demo-engine-secret")
+                ["data"].items()}
+
+    def annotation(deployment: str) -> str:
+        return obj(cluster, "apps/v1/deployments", deployment)["spec"]["template"]["metadata"]["annotations"][
+            SECRET_VERSION_ANNOTATION]
+
+    await asyncio.to_thread(reconciler.reconcile, body)
+    assert secret() == {"api-key": "token-0", "hash-seed": "token-1"}
+    owner = obj(cluster, "v1/secrets", "demo-engine-secret")["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"]) == ("LLMService", body["metadata"]["uid"])
+    first = annotation("demo-engine")
+    assert first == annotation("demo-gateway")
+    body = await user.call("PATCH", f"{base}/demo", {"spec": {"replicas": 3, "engine": {
+        "apiKeySecretRef": {"name": "mine"}}}})
+    await asyncio.to_thread(reconciler.reconcile, body)
+    assert secret() == {"api-key": "token-0", "hash-seed": "token-1"}   # not rotated
+    assert annotation("demo-engine") == first
+    await user.call("DELETE", api_path("v1", "Secret", NS, "demo-engine-secret"))
+    await asyncio.to_thread(reconciler.reconcile, body)
+    assert secret() == {"api-key": "token-2", "hash-seed": "token-3"}
+    assert annotation("demo-engine") == annotation("demo-gateway") != first

@@ -35,9 +35,13 @@ def test_the_operator_holds_everything_it_grants_the_gateway_and_no_wildcards() 
     assert not any(v in {"escalate", "bind", "impersonate"} for _, _, v in held)
 
 
-def test_children_are_never_deleted_by_the_operator_but_the_service_monitor() -> None:
+def test_children_are_never_deleted_by_the_operator_but_those_a_switch_turns_off() -> None:
     deletable = {(g, r) for g, r, v in triples(cluster_role()["rules"]) if v == "delete"}
-    assert deletable == {("monitoring.coreos.com", "servicemonitors")}
+    assert deletable == {("monitoring.coreos.com", "servicemonitors"), ("networking.k8s.io", "networkpolicies")}
+
+
+def test_secrets_are_only_read_and_created() -> None:
+    assert {v for g, r, v in triples(cluster_role()["rules"]) if (g, r) == ("", "secrets")} == {"get", "create"}
 
 
 def test_operator_modules_import_without_torch() -> None:

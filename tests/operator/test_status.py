@@ -94,6 +94,16 @@ def test_crash_loop_and_unschedulable() -> None:
     assert message(s, "Degraded") == "pod demo-engine-4 cannot be scheduled: 0/3 nodes have nvidia.com/gpu"
 
 
+def test_a_missing_secret_is_named() -> None:
+    stuck = pod("demo-engine-5", containers=[{"name": "engine", "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "mine" not found'}}}])
+    s = status(dep=deployment(ready=0), pods=[stuck])
+    assert conds(s)["Ready"] == ("False", "ContainerConfigError")
+    assert conds(s)["Degraded"] == ("True", "ContainerConfigError")
+    assert message(s, "Degraded") == ('pod demo-engine-5: container engine cannot start: secret "mine" not found; '
+                                      "check the Secrets the LLMService names (docs/operator.md, Security model)")
+
+
 def test_stalled_rollout_and_invalid_spec() -> None:
     stalled = deployment(ready=0, conditions=[{"type": "Progressing", "status": "False",
                                                "reason": "ProgressDeadlineExceeded", "message": "timed out"}])

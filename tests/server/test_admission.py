@@ -3,11 +3,8 @@ capped per request, fair between requests, and never at the cost of the event lo
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 
 import httpx
-import pytest
-
 from .conftest import ServerProcess, metric_value, wait_until
 
 
@@ -36,41 +33,6 @@ def test_a_request_larger_than_max_num_seqs_is_a_400_and_locks_nobody_out(server
         assert r.status_code == 400 and r.json()["error"]["param"] == "n"
         assert "1280 sequences" in r.json()["error"]["message"]
         assert [f.result().status_code for f in others] == [200] * 20
-
-
-@pytest.fixture(scope="module")
-def four_slots(tmp_path_factory):
-    proc = ServerProcess(tmp_path_factory.mktemp("fair"), "--max-num-seqs", "4", "--max-model-len", "256",
-                         name="fair").start()
-    yield proc
-    proc.stop()
-
-
-def test_waiting_requests_share_freed_slots_round_robin(four_slots):
-    """A request of 4 sequences that arrived first does not take every slot that frees:
-    a one-sequence request that arrived after it gets one in turn and ends first."""
-    url, done, lock = four_slots.url, [], threading.Lock()
-    long = {"prompt": ["Dogs", "Cats", "Birds", "Fish"], "max_tokens": 48, "ignore_eos": True, "temperature": 0}
-
-    def post(name: str, body: dict) -> None:
-        r = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
-        assert r.status_code == 200, r.text
-        with lock:
-            done.append(name)
-
-    def waiting() -> float:
-        return metric_value(httpx.get(f"{url}/metrics").text, "vllm:num_requests_waiting")
-
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        first = pool.submit(post, "first", long)
-        wait_until(lambda: metric_value(httpx.get(f"{url}/metrics").text, "vllm:num_requests_running") == 4)
-        second = pool.submit(post, "second", long)
-        wait_until(lambda: waiting() == 4)
-        small = pool.submit(post, "small", {"prompt": "Hamsters", "max_tokens": 2, "temperature": 0})
-        wait_until(lambda: waiting() == 5)
-        for f in (first, second, small):
-            f.result()
-    assert done == ["first", "small", "second"]
 
 
 def test_a_10_mb_prompt_does_not_stall_health(tmp_path):

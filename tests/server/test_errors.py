@@ -20,8 +20,9 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**CHAT, "messages": "hi"}, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
-    ("/v1/completions", {**COMPLETION, "frobnicate": True}, "frobnicate"),
-    ("/v1/chat/completions", {**CHAT, "functions": []}, "functions"),
+    # Unknown fields (`frobnicate`, the deprecated `functions`) are ignored with a warning now, as
+    # vLLM does: tests/server/test_vllm_fields.py.
+    ("/v1/chat/completions", {**CHAT, "use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {**COMPLETION, "temperature": -0.5}, "temperature"),
     ("/v1/completions", {**COMPLETION, "top_p": 1.5}, "top_p"),
     ("/v1/completions", {**COMPLETION, "top_k": -2}, "top_k"),
@@ -33,7 +34,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {**COMPLETION, "prompt": [10 ** 6]}, "prompt"),
     ("/v1/completions", {**COMPLETION, "stop_token_ids": [-1]}, "stop_token_ids"),
     ("/v1/completions", {**COMPLETION, "min_tokens": 5}, "min_tokens"),
-    ("/v1/completions", {**COMPLETION, "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/completions", {**COMPLETION, "presence_penalty": 2.5}, "presence_penalty"),   # [-2, 2]; 0.5 is honoured
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": True}}, "stream_options"),

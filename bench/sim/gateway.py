@@ -1,0 +1,111 @@
+"""One gateway (router) replica in the simulation, built from the gateway's own
+objects: EndpointSet (clocked by the simulation) for load, PrefixIndex fed by
+the engines' stored/removed events, and the picker app.build_picker would make.
+
+Load, as in the gateway (gateway/endpoints.py): this replica's own requests in
+flight (exact) + other replicas' requests as of its last scrape of the engine
+(running + waiting less its own then). The cache_aware policy counts only its
+own requests in flight, as vllm-router does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from pagedkube.gateway.endpoints import READY, EndpointSet
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, BoundedLoad
+from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
+from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH, PrefixPicker
+from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
+from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
+from pagedkube.gateway.routing.ring import DEFAULT_VNODES, RingCache
+from pagedkube.gateway.routing.types import Decision, RoutingInput
+
+from sim.cache_aware import CacheAwareConfig, CacheAwarePicker
+
+POLICIES = ("prefix", "round-robin", "least-load", "cache-aware", "ideal")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A routing policy and its knobs; `label` names it in tables and charts."""
+    name: str
+    load_bound: float = DEFAULT_LOAD_BOUND
+    load_floor: int = DEFAULT_LOAD_FLOOR
+    affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH
+    ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
+    cache_aware: CacheAwareConfig = CacheAwareConfig()
+
+    def __post_init__(self) -> None:
+        if self.name not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.name!r}")
+
+    @property
+    def label(self) -> str:
+        if self.name != "prefix":
+            return self.name
+        rule = "head" if self.affinity_depth is None else "any" if self.affinity_depth == 0 \
+            else f"depth{self.affinity_depth}"
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}"
+
+
+class SimGateway:
+    def __init__(self, name: str, urls: list[str], policy: PolicySpec, clock: Callable[[], float],
+                 vnodes: int = DEFAULT_VNODES, index_capacity: int = DEFAULT_CAPACITY):
+        self.name = name
+        self.policy = policy
+        self.clock = clock
+        self.endpoints = EndpointSet(clock=clock)
+        self.endpoints.update(dict.fromkeys(urls, READY))
+        self.index = PrefixIndex(index_capacity)
+        rings = RingCache(vnodes)
+        if policy.name == "round-robin":
+            self.picker = RoundRobinPicker()
+        elif policy.name == "least-load":
+            self.picker = LeastLoadPicker(rings)
+        elif policy.name == "cache-aware":
+            self.picker = CacheAwarePicker(policy.cache_aware)
+        else:   # prefix, and ideal (one engine: any picker answers it)
+            bound = BoundedLoad(policy.load_bound, policy.load_floor)
+            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
+
+    def loads(self) -> dict[str, int]:
+        if isinstance(self.picker, CacheAwarePicker):
+            return {u: self.endpoints.in_flight(u) for u in self.endpoints.routable()}
+        return self.endpoints.loads(self.endpoints.routable())
+
+    def route(self, request: RoutingInput) -> Decision:
+        endpoints = self.endpoints.routable()
+        if isinstance(self.picker, CacheAwarePicker):
+            decision = self.picker.pick(request, endpoints, self.loads(), self.clock())
+        else:
+            decision = self.picker.pick(request, endpoints, self.loads())
+        self.endpoints.acquire(decision.endpoint)
+        return decision
+
+    def would_choose(self, request: RoutingInput) -> str | None:
+        """The endpoint this replica would pick now, without side effects (None
+        for round-robin, whose counter makes the question meaningless)."""
+        endpoints = self.endpoints.routable()
+        if isinstance(self.picker, RoundRobinPicker):
+            return None
+        if isinstance(self.picker, CacheAwarePicker):
+            return self.picker.choose(request, endpoints, self.loads())[0]
+        return self.picker.pick(request, endpoints, self.loads()).endpoint
+
+    def release(self, url: str) -> None:
+        self.endpoints.release(url)
+
+    def scraped(self, url: str, running: int, waiting: int) -> None:
+        self.endpoints.set_scraped(url, running, waiting, self.endpoints.in_flight(url))
+
+    def feed(self, url: str, engine_id: str, events: list[tuple[str, list[bytes]]]) -> None:
+        for event_type, hashes in events:
+            if event_type == "stored":
+                self.index.stored(url, hashes, engine_id)
+            else:
+                self.index.removed(url, hashes, engine_id)
+
+    def evict_tree(self) -> None:
+        if isinstance(self.picker, CacheAwarePicker):
+            self.picker.evict()

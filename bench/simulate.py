@@ -1,0 +1,166 @@
+"""Fleet simulator: sweeps routing policies over a simulated fleet (bench/sim).
+
+    .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
+        [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
+        [--load-bound 1.5] [--load-floor 4] [--affinity-depth 0] [--ring-key-blocks 256]
+        [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
+        [--seed 0] [--out build/bench/sim]
+
+Every list flag is swept (the cartesian product; the prefix knobs only for
+`prefix`). --rate and --sessions are per engine, so a sweep over --engines
+keeps the load per engine. Deterministic for a seed. Writes results.csv (one
+row per run, with hit rate / ideal of the same fleet and load) and sim.png:
+hit rate as a share of the ideal per policy, one panel per load and replica
+count. docs/benchmarks.md "Simulator: routing at fleet scale" explains the model and quotes the runs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim.cache_aware import CacheAwareConfig  # noqa: E402
+from sim.engine import EngineConfig  # noqa: E402
+from sim.fleet import FleetConfig, RunResult, simulate  # noqa: E402
+from sim.gateway import POLICIES, PolicySpec  # noqa: E402
+from sim.timing import PROFILES  # noqa: E402
+from sim.workloads import KINDS, WorkloadSpec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _list(kind):
+    return lambda v: [kind(x) for x in v.split(",")]
+
+
+def _depth(v: str) -> int | None:
+    return None if v == "head" else int(v)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", choices=KINDS, default="petcare")
+    p.add_argument("--engines", type=_list(int), default=[16])
+    p.add_argument("--replicas", type=_list(int), default=[1, 2], help="gateway (router) replicas")
+    p.add_argument("--rate", type=_list(float), default=[0.125, 2.5],
+                   help="new sessions per second per engine (Poisson; 0: all at once)")
+    p.add_argument("--sessions", type=int, default=40, help="sessions per engine")
+    p.add_argument("--think-s", type=float, default=10.0, help="mean user think time between turns")
+    p.add_argument("--answer-tokens", type=_list(int), default=[20, 40], help="min,max answer length")
+    p.add_argument("--policies", type=_list(str), default=list(POLICIES))
+    p.add_argument("--load-bound", type=_list(float), default=[1.5])
+    p.add_argument("--load-floor", type=_list(int), default=[4])
+    p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
+    p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
+    p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
+    p.add_argument("--balance-abs", type=int, default=CacheAwareConfig().balance_abs_threshold)
+    p.add_argument("--balance-rel", type=float, default=CacheAwareConfig().balance_rel_threshold)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="h100-8b")
+    p.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per engine (16 tokens each)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--feed-delay", type=_list(float), default=[0.005],
+                   help="seconds until a cache event reaches a gateway")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="0: every gateway sees every load exactly")
+    p.add_argument("--seed", type=_list(int), default=[0])
+    p.add_argument("--out", default=str(REPO / "build" / "bench" / "sim"))
+    args = p.parse_args(argv)
+    for name in args.policies:
+        if name not in POLICIES:
+            p.error(f"--policies: unknown policy {name!r} (one of {', '.join(POLICIES)})")
+    return args
+
+
+def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
+    ca = CacheAwareConfig(args.cache_threshold, args.balance_abs, args.balance_rel)
+    specs = []
+    for name in args.policies:
+        if name != "prefix":
+            specs.append(PolicySpec(name, cache_aware=ca))
+            continue
+        for c, floor, depth, key in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
+                                                      args.ring_key_blocks):
+            specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
+                                    ring_key_blocks=key))
+    return specs
+
+
+def sweep(args: argparse.Namespace) -> list[RunResult]:
+    results = []
+    lo, hi = args.answer_tokens
+    for seed, engines, replicas, rate, delay in itertools.product(args.seed, args.engines, args.replicas, args.rate,
+                                                                  args.feed_delay):
+        fleet = FleetConfig(engines=engines, replicas=replicas, time_model=PROFILES[args.profile],
+                            engine=EngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs),
+                            feed_delay_s=delay, scrape_interval_s=args.scrape_interval, seed=seed)
+        spec = WorkloadSpec(kind=args.workload, sessions=args.sessions * engines, rate=rate * engines, seed=seed,
+                            think_s=args.think_s, answer_tokens=(lo, hi))
+        group = []
+        for policy in policy_specs(args):
+            started = time.perf_counter()
+            result = simulate(fleet, spec, policy)
+            group.append(result)
+            print(f"seed {seed} engines {engines} R {replicas} rate {rate:g}/engine delay {delay:g}: "
+                  f"{result.policy:44s} hit {result.hit_rate:.3f} session-hit {result.session_hit_rate:.3f} "
+                  f"TTFT p50/p99 {result.ttft_p50_s * 1e3:.0f}/{result.ttft_p99_s * 1e3:.0f} ms "
+                  f"max/mean {result.max_mean_run:.2f} overflow {result.overflow_share:.3f} "
+                  f"disagree {result.disagreement:.3f} ({time.perf_counter() - started:.1f} s)", flush=True)
+        ideal = next((r.hit_rate for r in group if r.policy == "ideal"), float("nan"))
+        results += [replace(r, ideal_hit_rate=ideal) for r in group]
+    return results
+
+
+def write_csv(results: list[RunResult], path: Path) -> None:
+    rows = [r.row() for r in results]
+    for row in rows:
+        row["of_ideal"] = row["hit_rate"] / row["ideal_hit_rate"] if row["ideal_hit_rate"] else float("nan")
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def chart(results: list[RunResult], path: Path) -> None:
+    """One question: what share of the ideal hit rate each policy keeps, per load
+    and replica count (and its TTFT p99 above the bar)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.engines, r.replicas, r.rate) for r in results})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False, sharey=True)
+    for ax, (engines, replicas, rate) in zip(axes[0], panels):
+        rows = [r for r in results if (r.engines, r.replicas, r.rate) == (engines, replicas, rate)]
+        labels = [r.policy.replace(" floor=", "\nfloor=") for r in rows]
+        shares = [r.hit_rate / r.ideal_hit_rate for r in rows]
+        bars = ax.bar(range(len(rows)), shares, color=["#999" if r.policy == "ideal" else "#3a7" if
+                                                       r.policy.startswith("prefix") else "#c63" for r in rows])
+        for bar, r in zip(bars, rows):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.01, f"{r.ttft_p99_s * 1e3:.0f}",
+                    ha="center", fontsize=7)
+        ax.set_xticks(range(len(rows)), labels, rotation=70, fontsize=7)
+        ax.set_title(f"{engines} engines, {replicas} router(s), {rate:g} sessions/s", fontsize=9)
+        ax.set_ylim(0, 1.12)
+    axes[0][0].set_ylabel("hit rate / ideal (numbers: TTFT p99 ms)")
+    fig.suptitle(f"{results[0].workload}, profile {results[0].profile}, seed {results[0].seed}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = sweep(args)
+    write_csv(results, out / "results.csv")
+    chart(results, out / "sim.png")
+    print(f"wrote {out / 'results.csv'} and {out / 'sim.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
