@@ -234,7 +234,8 @@ def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(f"p{i}", p, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
-    while any(s.num_computed_tokens < len(s.prompt_token_ids) for s in engine.scheduler.running + engine.scheduler.waiting):
+    while list(engine.scheduler.waiting) or any(s.num_computed_tokens < len(s.prompt_token_ids)
+                                                for s in engine.scheduler.running):
         engine.step()                                      # prefill everything first
     run = engine.runner.execute
     timing = {"execute": 0.0}
