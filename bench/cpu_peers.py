@@ -11,7 +11,9 @@ OpenAI API by C concurrent clients (each runs its sessions turn by turn, streami
                 process (1 client only: a server around it could not do better at C > 1)
 
 At C = 1, 8 and 32: output tokens/s, TTFT p50/p99 and ITL p50, and pagedkube's ratio to each
-peer. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
+peer; also output tokens per CPU-second of the server's processes (psutil: the server and its
+children), the ratio that survives a shared machine, where wall time mostly measures the
+neighbours. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
 where the step time goes. Greedy, max_tokens 32; EOS may end a reply early (both servers
 stop on it), so throughput counts the tokens each produced.
 
@@ -44,7 +46,9 @@ from workloads import Session, petcare_chat  # noqa: E402
 
 LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
 MAX_TOKENS = 32
-THREADS = 2          # the machine's cores; both engines get all of them
+# Threads per engine (--threads): 1 by default, as the other CPU benches here: on a shared
+# 2-core machine a second thread mostly spins; both engines always get the same number.
+THREADS = 1
 
 
 def sessions(num: int, seed: int = 0) -> list[Session]:
@@ -98,6 +102,13 @@ async def drive(url: str, model: str, clients: int) -> dict:
     return summary(rec, wall, len(work))
 
 
+async def warm_up(url: str, model: str) -> None:
+    import openai
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+        await client.chat.completions.create(model=model, max_tokens=4,
+                                             messages=[{"role": "user", "content": "Hello"}])
+
+
 def summary(rec: dict, wall: float, num_sessions: int) -> dict:
     return {"sessions": num_sessions, "output_tokens": rec["tokens"], "wall_s": round(wall, 1),
             "tok_s": rec["tokens"] / wall, "ttft_p50_ms": 1e3 * pct(rec["ttft"], 0.5),
@@ -111,7 +122,7 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], port: int, ready_path: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -136,11 +147,32 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def cpu_seconds(pid: int) -> float:
+    import psutil
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path) -> dict:
     proc = start(cmd, port, ready, logdir / f"{name}.log")
     try:
-        asyncio.run(drive(f"http://127.0.0.1:{port}", model, 1))          # warm-up (one 2-turn pair)
-        return {c: asyncio.run(drive(f"http://127.0.0.1:{port}", model, c)) for c in levels}
+        asyncio.run(warm_up(f"http://127.0.0.1:{port}", model))
+        out = {}
+        for c in levels:
+            cpu = cpu_seconds(proc.pid)
+            out[c] = asyncio.run(drive(f"http://127.0.0.1:{port}", model, c))
+            out[c]["server_cpu_s"] = cpu_seconds(proc.pid) - cpu
+            out[c]["tok_per_cpu_s"] = out[c]["output_tokens"] / out[c]["server_cpu_s"]
+            print(name, c, json.dumps(out[c]), flush=True)
+        return out
     finally:
         stop(proc)
 
@@ -169,7 +201,7 @@ def run_hf(gguf: Path) -> dict:
 
     rec = {"ttft": [], "itl": [], "tokens": 0}
     work = sessions(2)
-    start_all = time.perf_counter()
+    start_all, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for s in work:
             for turn in range(s.num_turns):
@@ -183,7 +215,11 @@ def run_hf(gguf: Path) -> dict:
                 rec["ttft"].append(st.times[0] - t0)
                 rec["itl"] += [b - a for a, b in zip(st.times, st.times[1:])]
                 rec["tokens"] += len(new)
-    return {1: summary(rec, time.perf_counter() - start_all, len(work))}
+    out = summary(rec, time.perf_counter() - start_all, len(work))
+    out["server_cpu_s"] = time.process_time() - cpu
+    out["tok_per_cpu_s"] = out["output_tokens"] / out["server_cpu_s"]
+    print("hf", 1, json.dumps(out), flush=True)
+    return {1: out}
 
 
 def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
@@ -198,7 +234,8 @@ def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(f"p{i}", p, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
-    while any(s.num_computed_tokens < len(s.prompt_token_ids) for s in engine.scheduler.running + engine.scheduler.waiting):
+    while list(engine.scheduler.waiting) or any(s.num_computed_tokens < len(s.prompt_token_ids)
+                                                for s in engine.scheduler.running):
         engine.step()                                      # prefill everything first
     run = engine.runner.execute
     timing = {"execute": 0.0}
@@ -225,35 +262,44 @@ def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
 
 
 def main() -> None:
+    global THREADS   # one value for the servers' env, llama.cpp's --n_threads and the in-process runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a GGUF file (default: smollm2-135m-instruct's)")
     parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    parser.add_argument("--skip", default="", help="comma list of peers to skip: llamacpp,hf,profile")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=THREADS, help="threads per engine (default 1)")
     parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
+    THREADS = args.threads
     from pagedkube.model_source import resolve_model_source
     source = resolve_model_source(args.model)
     gguf, skip = source.path, set(filter(None, args.skip.split(",")))
     results: dict = {"model": str(gguf), "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     port = free_port()
-    results["pagedkube"] = run_server(
-        "pagedkube", [sys.executable, "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
-                      "--device", "cpu", "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
-                      "--log-level", "warning"], port, "/ready", source.name, args.clients, args.logdir)
+    if "pagedkube" not in skip:
+        results["pagedkube"] = run_server(
+            "pagedkube", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
+                          "--served-model-name", source.name, "--device", "cpu", "--max-num-seqs",
+                          str(max(args.clients)), "--max-model-len", "2048", "--log-level", "warning"],
+            port, "/ready", source.name, args.clients, args.logdir)
     if "llamacpp" not in skip:
         port = free_port()
         results["llamacpp"] = run_server(
-            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf),
+            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-P", "-m", "llama_cpp.server", "--model", str(gguf),
                          "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
-                         "--model_alias", source.name, "--verbose", "False"],
+                         "--model_alias", source.name, "--verbose", "False",
+                         "--interrupt_requests", "False"],   # its default cancels a stream when the next request arrives
             port, "/v1/models", source.name, args.clients, args.logdir)
     if "hf" not in skip:
         results["hf"] = run_hf(gguf)
     for peer in ("llamacpp", "hf"):
-        if peer in results:
+        if peer in results and "pagedkube" in results:
             results[f"ratio_vs_{peer}"] = {c: results["pagedkube"][c]["tok_s"] / results[peer][c]["tok_s"]
                                           for c in results[peer] if c in results["pagedkube"]}
+    if "llamacpp" in results and "pagedkube" in results:
+        results["cpu_ratio_vs_llamacpp"] = {c: results["pagedkube"][c]["tok_per_cpu_s"]
+                                            / results["llamacpp"][c]["tok_per_cpu_s"] for c in results["llamacpp"]}
     if "profile" not in skip:
         results["profile_32"] = profile_step(gguf)
     print(json.dumps(results, indent=2))
