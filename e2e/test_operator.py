@@ -16,8 +16,10 @@ import yaml
 from kubeutil import ROOT, Kube, wait_for
 
 NS = "e2e-operator"
-NAME = "tiny"
 EXAMPLE = ROOT / "manifests" / "examples" / "llmservice.yaml"
+# The example a newcomer applies first (its name and model follow the default model).
+NAME = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+SOURCE = yaml.safe_load(EXAMPLE.read_text())["spec"]["model"]["source"]
 CHILDREN = [("deployment", f"{NAME}-engine"), ("deployment", f"{NAME}-gateway"),
             ("service", f"{NAME}-engine"), ("service", NAME), ("serviceaccount", f"{NAME}-gateway"),
             ("role", f"{NAME}-gateway"), ("rolebinding", f"{NAME}-gateway"),
@@ -59,10 +61,10 @@ def test_the_operator_holds_only_its_service_account(installed: Kube, operator) 
 
 def test_example_becomes_ready_with_owned_children(llms: Kube, operator) -> None:
     llms.apply(EXAMPLE, namespace=NS)
-    obj = wait_for(lambda: ready_with(llms, 2, operator), "LLMService tiny Ready with 2 engines", timeout=180)
+    obj = wait_for(lambda: ready_with(llms, 2, operator), f"LLMService {NAME} Ready with 2 engines", timeout=180)
     status = obj["status"]
     assert status["url"] == f"http://{NAME}.{NS}.svc.cluster.local"
-    assert status["selector"] == ("app.kubernetes.io/component=engine,app.kubernetes.io/instance=tiny,"
+    assert status["selector"] == (f"app.kubernetes.io/component=engine,app.kubernetes.io/instance={NAME},"
                                   "app.kubernetes.io/name=pagedkube")
     assert status["observedGeneration"] == obj["metadata"]["generation"]
     uid = obj["metadata"]["uid"]
@@ -112,7 +114,7 @@ def test_secure_by_default_secret_network_policy_and_env(llms: Kube, operator) -
 def test_kubectl_get_llms_prints_the_columns(llms: Kube) -> None:
     out = llms.run("get", "llms", "-n", NS).stdout.splitlines()
     assert out[0].split() == ["NAME", "MODEL", "REPLICAS", "READY", "URL", "AGE"]
-    assert out[1].split()[:5] == [NAME, "builtin://tiny", "2", "2", f"http://{NAME}.{NS}.svc.cluster.local"]
+    assert out[1].split()[:5] == [NAME, SOURCE, "2", "2", f"http://{NAME}.{NS}.svc.cluster.local"]
 
 
 def test_kubectl_scale_changes_the_engine_deployment(llms: Kube, operator) -> None:
