@@ -23,16 +23,19 @@ def free_port() -> int:
 
 
 class Up:
-    def __init__(self, tmp_path: Path, *flags: str, model: str | None = "builtin://tiny"):
-        """`model`: the fast toy unless a test names another; None runs `up`'s default model."""
+    def __init__(self, tmp_path: Path, *flags: str, model: str | None = "builtin://tiny",
+                 env: dict[str, str] | None = None):
+        """`model`: the fast toy unless a test names another; None runs `up`'s default model
+        (or the one `flags` name). `env`: added to this process's environment."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / "up.log"
         self.log = open(self.log_path, "w")
-        model_flags = ("--model", model) if model else ()
-        self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", "--port", str(self.port),
+        model_flags = ("--model", model) if model and "--model" not in flags else ()
+        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "pagedkube", "up", "--port", str(self.port),
                                       *model_flags, *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
     def text(self) -> str:
         return self.log_path.read_text()

@@ -17,15 +17,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+import up_process
+from up_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT_KEY = pytest.StashKey[dict]()   # the dashboards test's report, printed at the end of the run
@@ -36,26 +36,9 @@ START_TIMEOUT_S = 240                 # engines importing torch on a shared 2-co
 _ENGINE_STATE = re.compile(r"^status +\| (engine-\d+) +(\w+) +(http://\S+)", re.M)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Up:
-    """`pagedkube up` as a user runs it, its output in a file."""
-
-    def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / "up.log"
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-P", "-m", "pagedkube", "up", "--port", str(self.port), *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
-
-    def text(self) -> str:
-        return self.log_path.read_text()
+class Up(up_process.Up):
+    """`pagedkube up` as a user runs it, its output in a file (tests/up_process.py), and
+    the engines its status lines name."""
 
     def engines(self) -> dict[str, tuple[str, str]]:
         """engine name -> (latest state, URL), from the status lines."""
@@ -63,29 +46,6 @@ class Up:
         for name, state, url in _ENGINE_STATE.findall(self.text()):
             out[name] = (state, url)
         return out
-
-    def wait_for(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"pagedkube up exited:\n{self.text()[-3000:]}"
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.text()[-4000:]}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(90)
-        finally:
-            if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.log.close()
 
 
 class FileDiscovery(threading.Thread):
