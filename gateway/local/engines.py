@@ -46,6 +46,7 @@ STARTING, LOADING, UNHEALTHY, RESTARTING = "starting", "loading", "unhealthy", "
 DRAINING, STOPPED = "draining", "stopped"
 LIVE = (STARTING, LOADING, READY, UNHEALTHY, RESTARTING)
 KILL_GRACE_S = 5.0     # after the engine's own drain timeout, before SIGKILL
+MAX_LOG_LINE_BYTES = 16 * 1024   # longer engine log lines are shown cut (`up` is for people to read)
 READY_POLL_S = 0.25    # GET /ready while loading: the status line turns within a quarter second
 
 
@@ -161,9 +162,25 @@ class LocalEngines:
             self._set_state(engine, LOADING)
 
     async def _pump(self, name: str, proc: asyncio.subprocess.Process) -> None:
+        """Relays the engine's output line by line. It reads in chunks, never with
+        readline(): a line over the stream's 64 KiB limit would raise there, end this
+        task, and leave the engine blocked writing into a pipe nobody reads."""
         assert proc.stdout is not None
-        async for raw in proc.stdout:
-            self.on_log(name, raw.decode(errors="replace").rstrip())
+        pending, skipping = b"", False   # skipping: the rest of a line already shown cut
+        while chunk := await proc.stdout.read(64 * 1024):
+            *lines, pending = (pending + chunk).split(b"\n")
+            if skipping:
+                if not lines:
+                    pending = b""
+                    continue
+                lines, skipping = lines[1:], False
+            if len(pending) > MAX_LOG_LINE_BYTES:   # shown cut, not held without bound
+                lines.append(pending[:MAX_LOG_LINE_BYTES] + b" [...]")
+                pending, skipping = b"", True
+            for raw in lines:
+                self.on_log(name, raw.decode(errors="replace").rstrip())
+        if pending and not skipping:
+            self.on_log(name, pending.decode(errors="replace").rstrip())
 
     async def _supervise(self, engine: LocalEngine) -> None:
         """Run, and after every exit that nobody asked for, wait the back-off and start again."""
