@@ -24,7 +24,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 # Texts longer than this are encoded with the GIL released; shorter ones take the
 # direct call (encode_batch's hand-off to its thread pool costs more than they do).
-_RELEASE_GIL_CHARS = 16 * 1024
+RELEASE_GIL_CHARS = 16 * 1024
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"     # transformers >= 4.50 saves templates here
 CHAT_TEMPLATE_JSON = "chat_template.json"       # processors' legacy file
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json",
@@ -89,7 +89,7 @@ class Tokenizer:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if len(text) > _RELEASE_GIL_CHARS:
+        if len(text) > RELEASE_GIL_CHARS:
             # tokenizers' encode() holds the GIL throughout; encode_batch_fast() releases
             # it and tracks no offsets (same ids; dropping 2M offsets also takes the GIL).
             # Measured on a 2 MB text: another thread stalled 5.4 s with encode(), at

@@ -28,15 +28,16 @@ from pagedkube.engine.server.errors import APIError, bad_request
 from pagedkube.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedkube.engine.server.state import ServerState
 from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+from pagedkube.tokenizer import RELEASE_GIL_CHARS
 
 logger = logging.getLogger("pagedkube.serve")
 
 # vLLM treats temperatures below this as greedy (dividing logits by ~0 overflows).
 MIN_TEMPERATURE = 1e-5
 # Prompts up to this many characters are tokenized on the event loop (about a
-# millisecond); longer ones in the worker pool, where the tokenizer lets go of the GIL
-# (pagedkube/tokenizer.py).
-INLINE_PREPARE_CHARS = 16_384
+# millisecond); longer ones in the worker pool. The same threshold as the tokenizer's:
+# above it Tokenizer.encode lets go of the GIL, which is what makes a worker help.
+INLINE_PREPARE_CHARS = RELEASE_GIL_CHARS
 
 
 @dataclass
