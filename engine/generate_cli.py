@@ -5,6 +5,8 @@ import argparse
 import sys
 from typing import Any
 
+from pagedkube.engine.config import QUANTIZATIONS
+
 
 def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate a completion offline (no server)",
@@ -21,6 +23,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--quantization", default="auto", choices=QUANTIZATIONS,
+                   help="auto (a GGUF file's types as stored), none, int8 or int4 (default auto)")
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.set_defaults(func=run_generate)
     return p
@@ -33,7 +37,8 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
+                  quantization=args.quantization)
         prompt: str | list[int] = args.prompt
         if args.chat:
             tokenizer = llm.get_tokenizer()

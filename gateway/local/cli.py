@@ -14,6 +14,7 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--served-model-name", dict(help="model name in the API (default: directory name)")),
     ("--device", dict(choices=("auto", "cpu", "cuda"))),
     ("--dtype", dict(choices=("auto", "float32", "float16", "bfloat16"))),
+    ("--quantization", dict(help="auto, none, int8 or int4 (checked as `pagedkube serve` checks it)")),
     ("--block-size", dict(type=int)),
     ("--num-kv-blocks", dict(type=int)),
     ("--kv-cache-memory", dict(help="bytes for each engine's KV pool (e.g. 512MiB)")),
