@@ -85,6 +85,14 @@ class Supervisor:
         self.engines: LocalEngines | None = None
         self.gateway = None
         self._announced = False
+        self.gave_up: LocalEngine | None = None
+
+    def _on_give_up(self, engine: LocalEngine) -> None:
+        self.gave_up = engine
+        self.console.log("up", f"{engine.name} ended {engine.failed_starts} times without getting ready "
+                               f"(last: {engine.last_exit}) and no engine of this run has served: giving up; "
+                               f"its errors are above")
+        self.stop_requested.set()
 
     def _on_engine(self, engine: LocalEngine) -> None:
         notes = []
@@ -139,7 +147,7 @@ class Supervisor:
                                        observability=c.observability))
         self.gateway = app.state.gateway
         self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
-                                    on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key,
+                                    on_log=self.console.log, on_give_up=self._on_give_up, drain_timeout=c.drain_timeout, api_key=api_key,
                                     hash_seed=hash_seed)
         if c.autoscale is not None:
             self.gateway.scale_target = self.engines
@@ -163,6 +171,8 @@ class Supervisor:
                 stopped.cancel()
             if serving.done() and not self.stop_requested.is_set():
                 code = 1   # the gateway could not start or stopped by itself (port in use?)
+            if self.gave_up is not None:
+                code = 1
             self.console.log("up", "stopping: gateway first, then draining the engines")
             self.console.set_state("gateway", "draining", f"http://{c.host}:{c.port}")
             server.should_exit = True
