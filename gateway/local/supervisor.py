@@ -1,7 +1,7 @@
 """`pagedkube up`: engines as child processes and the gateway in this process.
 
     supervisor (this process, one event loop)
-      gateway   create_app(GatewayConfig(supervised=True)) served by uvicorn
+      gateway   create_app(GatewayConfig(supervised=True), endpoints=, scale_target=) served by uvicorn
       engines   LocalEngines: spawn / drain `pagedkube serve` children, feed the
                 gateway's EndpointSet, and act as the autoscaler's ScaleTarget
 
@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
+from pagedkube.gateway.endpoints import EndpointSet
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
 from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
 from pagedkube.observability import ObservabilityConfig
@@ -141,16 +142,18 @@ class Supervisor:
             return 1
         # This run's engine key and cache hash seed, 256 random bits each; never printed.
         api_key, hash_seed = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
+        gateway_config = GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
                                        scrape_interval=c.scrape_interval, engine_api_key=api_key,
-                                       observability=c.observability))
-        self.gateway = app.state.gateway
-        self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
+                                       observability=c.observability)
+        # The engines fill the gateway's endpoint set and are its autoscaler's scale target.
+        endpoints = EndpointSet(gateway_config.eject_after_failures, gateway_config.eject_seconds)
+        self.engines = LocalEngines(endpoints, c.engine_args, on_change=self._on_engine,
                                     on_log=self.console.log, on_give_up=self._on_give_up, drain_timeout=c.drain_timeout, api_key=api_key,
                                     hash_seed=hash_seed)
-        if c.autoscale is not None:
-            self.gateway.scale_target = self.engines
+        app = create_app(gateway_config, endpoints=endpoints,
+                         scale_target=self.engines if c.autoscale is not None else None)
+        self.gateway = app.state.gateway
         self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")
         server = _quiet_server(uvicorn.Config(app, host=c.host, port=c.port, log_config=None,
                                               access_log=False, timeout_graceful_shutdown=5))
