@@ -25,39 +25,11 @@ import secrets
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 
-from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
 from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
-from pagedkube.observability import ObservabilityConfig
-
-
-@dataclass(slots=True)
-class UpConfig:
-    replicas: int = 2
-    host: str = "127.0.0.1"
-    port: int = 8080
-    engine_args: list[str] = field(default_factory=list)
-    model_name: str = "tiny"
-    autoscale: AutoscalerConfig | None = None
-    hold_timeout: float = 0.0
-    routing: str = "prefix"
-    route_headers: bool = False      # `pagedkube gateway --route-headers`
-    drain_timeout: float = 25.0
-    scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
-
-    def __post_init__(self) -> None:
-        if self.replicas < 0:
-            raise ValueError(f"--replicas must be >= 0, got {self.replicas}")
-        if self.replicas == 0 and self.autoscale is None:
-            raise ValueError("--replicas 0 needs --autoscale --min-replicas 0 (scale from zero)")
-
-    def initial_replicas(self) -> int:
-        a = self.autoscale
-        return self.replicas if a is None else max(a.min_replicas, min(a.max_replicas, self.replicas))
 
 
 def curl_line(host: str, port: int, model: str) -> str:
