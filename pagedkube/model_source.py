@@ -39,6 +39,10 @@ NAMED_MODELS: dict[str, PackagedModel] = {
 }
 
 
+# --model's help, for every command that takes one (serve, generate, up).
+MODEL_FLAG_HELP = (f"a Hugging Face model directory, a GGUF file, {DEFAULT_MODEL} or {BUILTIN_SCHEME}tiny "
+                   f"(default: {DEFAULT_MODEL})")
+
 # A manifest's model source (LLMService spec.model.source), in one place: the operator parses
 # with these (operator/spec.py) and its CRD validates with their union (`SOURCE_PATTERN`, which
 # the API server also checks, so it uses only groups every regex dialect reads alike).
