@@ -34,12 +34,6 @@ def utcnow() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def applied_replicas(deployment: Mapping[str, Any] | None) -> int:
-    """The engine count last applied (the Deployment's spec.replicas; 0 without one): what an
-    invalid spec, which the operator does not apply, leaves running."""
-    return int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
-
-
 def child_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
     return obj["apiVersion"], obj["kind"], obj["metadata"]["name"]
 
@@ -145,7 +139,8 @@ class Reconciler:
         old = body.get("status") or {}
         new = compute_status(
             name=name, namespace=namespace, generation=int(meta.get("generation") or 0),
-            desired_replicas=svc.replicas if svc is not None else applied_replicas(deployment),
+            # An invalid spec's conditions say only why it is invalid: no count to compare with.
+            desired_replicas=svc.replicas if svc is not None else 0,
             deployment=deployment, pods=pods,
             old_conditions=old.get("conditions") or [], now=self.now(), invalid_spec=invalid_spec)
         self._announce(body, old.get("conditions") or [], new["conditions"])
