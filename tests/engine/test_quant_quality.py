@@ -33,14 +33,19 @@ if importlib.util.find_spec(NAMED_MODELS[DEFAULT_MODEL].package) is None:
                 allow_module_level=True)
 
 NUM_TOKENS = 32
-# mode -> (agreement, mean |dlogprob|) recorded 2026-12-01 on the AMD EPYC (Zen 4) dev machine
+# mode -> (agreement, mean |dlogprob|), recorded 2026-12-01 on the AMD EPYC (Zen 4, AVX-512 bf16) dev machine.
+# The file's projections are Q4_1 already, so every difference in "auto" is the bf16 arithmetic
+# of the packed kernels; "int4" requantizes those dequantized Q4_1 groups with Q4_1's own formula
+# and group size and gets the same codes back, hence the same scores.
 RECORDED = {
-    "auto": (None, None),     # the file's Q4_1 projections as stored (Q8_0 embeddings dense)
-    "int8": (None, None),     # requantized at load: per channel
-    "int4": (None, None),     # requantized at load: groups of 32 with scale and min
+    "auto": (0.6572, 0.01249),   # the file's Q4_1 projections as stored (Q8_0 embeddings dense): 14/32 chats identical
+    "int8": (0.5664, 0.03815),   # requantized at load, per channel: 11/32 identical
+    "int4": (0.6572, 0.01249),   # requantized at load, groups of 32 with scale and min: 14/32 identical
 }
-AGREEMENT_MARGIN = 0.10       # 3 of 32 chats diverging one third earlier than recorded
-DLOGPROB_MARGIN = 0.5         # relative: |dlogprob| may grow by half
+# Margins: the scores are exact on one CPU, but another CPU's bf16 kernels round sums in
+# another order and move near-ties; a broken packing or kernel scores near 0 agreement.
+AGREEMENT_MARGIN = 0.15       # absolute: about 5 of the 32 chats diverging at their first token
+DLOGPROB_MARGIN = 1.0         # relative: |dlogprob| may double
 
 SYSTEM = ("You are Pawly, a friendly pet-care companion. Answer questions about dogs and cats kindly and "
           "briefly. Always suggest a visit to the vet when symptoms sound serious.")
