@@ -2,7 +2,7 @@
 
     .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
-        [--load-bound 1.5] [--load-floor 4] [--affinity-depth 0] [--ring-key-blocks 256]
+        [--load-bound 1.5] [--load-floor 4] [--affinity-depth 0] [--ring-key-blocks 256] [--cold-key on]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--out build/bench/sim]
 
@@ -38,6 +38,12 @@ def _list(kind):
     return lambda v: [kind(x) for x in v.split(",")]
 
 
+def _onoff(v: str) -> str:
+    if v not in ("head", "first", "frontier"):
+        raise argparse.ArgumentTypeError(f"head, first or frontier, got {v!r}")
+    return v
+
+
 def _depth(v: str) -> int | None:
     return None if v == "head" else int(v)
 
@@ -57,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-floor", type=_list(int), default=[4])
     p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
     p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
+    p.add_argument("--cold-key", type=_list(_onoff), default=["frontier"],
+                   help="on: a prompt no engine holds any block of walks the ring from its first block "
+                        "(the gateway's rule); off: from its head key, as before")
     p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
     p.add_argument("--balance-abs", type=int, default=CacheAwareConfig().balance_abs_threshold)
     p.add_argument("--balance-rel", type=float, default=CacheAwareConfig().balance_rel_threshold)
@@ -82,10 +91,10 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
-                                                      args.ring_key_blocks):
+        for c, floor, depth, key, cold in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
+                                                            args.ring_key_blocks, args.cold_key):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
-                                    ring_key_blocks=key))
+                                    ring_key_blocks=key, cold_first_block=cold))
     return specs
 
 

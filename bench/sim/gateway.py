@@ -34,6 +34,7 @@ class PolicySpec:
     load_floor: int = DEFAULT_LOAD_FLOOR
     affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH
     ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
+    cold_first_block: str = "frontier"
     cache_aware: CacheAwareConfig = CacheAwareConfig()
 
     def __post_init__(self) -> None:
@@ -46,7 +47,8 @@ class PolicySpec:
             return self.name
         rule = "head" if self.affinity_depth is None else "any" if self.affinity_depth == 0 \
             else f"depth{self.affinity_depth}"
-        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}"
+        cold = "" if self.cold_first_block == "frontier" else f" cold={self.cold_first_block}"
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{cold}"
 
 
 class SimGateway:
@@ -67,7 +69,8 @@ class SimGateway:
             self.picker = CacheAwarePicker(policy.cache_aware)
         else:   # prefix, and ideal (one engine: any picker answers it)
             bound = BoundedLoad(policy.load_bound, policy.load_floor)
-            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
+            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth,
+                                        policy.cold_first_block)
 
     def loads(self) -> dict[str, int]:
         if isinstance(self.picker, CacheAwarePicker):
