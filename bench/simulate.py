@@ -2,7 +2,7 @@
 
     .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
-        [--load-bound 1.5] [--load-floor 4] [--affinity-depth 0] [--ring-key-blocks 256] [--cold-key on]
+        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--out build/bench/sim]
 
@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_FLOOR  # noqa: E402
+
 from sim.cache_aware import CacheAwareConfig  # noqa: E402
 from sim.engine import EngineConfig  # noqa: E402
 from sim.fleet import FleetConfig, RunResult, simulate  # noqa: E402
@@ -36,12 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _list(kind):
     return lambda v: [kind(x) for x in v.split(",")]
-
-
-def _onoff(v: str) -> str:
-    if v not in ("head", "first", "frontier"):
-        raise argparse.ArgumentTypeError(f"head, first or frontier, got {v!r}")
-    return v
 
 
 def _depth(v: str) -> int | None:
@@ -60,12 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--answer-tokens", type=_list(int), default=[20, 40], help="min,max answer length")
     p.add_argument("--policies", type=_list(str), default=list(POLICIES))
     p.add_argument("--load-bound", type=_list(float), default=[1.5])
-    p.add_argument("--load-floor", type=_list(int), default=[4])
+    p.add_argument("--load-floor", type=_list(int), default=[DEFAULT_LOAD_FLOOR])
     p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
     p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
-    p.add_argument("--cold-key", type=_list(_onoff), default=["frontier"],
-                   help="on: a prompt no engine holds any block of walks the ring from its first block "
-                        "(the gateway's rule); off: from its head key, as before")
     p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
     p.add_argument("--balance-abs", type=int, default=CacheAwareConfig().balance_abs_threshold)
     p.add_argument("--balance-rel", type=float, default=CacheAwareConfig().balance_rel_threshold)
@@ -91,10 +84,10 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key, cold in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
-                                                            args.ring_key_blocks, args.cold_key):
+        for c, floor, depth, key in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
+                                                      args.ring_key_blocks):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
-                                    ring_key_blocks=key, cold_first_block=cold))
+                                    ring_key_blocks=key))
     return specs
 
 

@@ -34,7 +34,6 @@ class PolicySpec:
     load_floor: int = DEFAULT_LOAD_FLOOR
     affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH
     ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
-    cold_first_block: str = "frontier"
     cache_aware: CacheAwareConfig = CacheAwareConfig()
 
     def __post_init__(self) -> None:
@@ -47,8 +46,7 @@ class PolicySpec:
             return self.name
         rule = "head" if self.affinity_depth is None else "any" if self.affinity_depth == 0 \
             else f"depth{self.affinity_depth}"
-        cold = "" if self.cold_first_block == "frontier" else f" cold={self.cold_first_block}"
-        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{cold}"
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}"
 
 
 class SimGateway:
@@ -69,8 +67,7 @@ class SimGateway:
             self.picker = CacheAwarePicker(policy.cache_aware)
         else:   # prefix, and ideal (one engine: any picker answers it)
             bound = BoundedLoad(policy.load_bound, policy.load_floor)
-            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth,
-                                        policy.cold_first_block)
+            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
 
     def loads(self) -> dict[str, int]:
         if isinstance(self.picker, CacheAwarePicker):

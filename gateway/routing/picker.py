@@ -53,14 +53,13 @@ DEFAULT_AFFINITY_DEPTH: int | None = 0
 
 class PrefixPicker:
     def __init__(self, prefix: PrefixSource, bound: BoundedLoad, rings: RingCache,
-                 affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH, cold_first_block: str = "frontier"):
+                 affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH):
         if affinity_depth is not None and affinity_depth < 0:
             raise ValueError(f"affinity depth must be >= 0 or None (the whole head), got {affinity_depth}")
         self.prefix = prefix
         self.bound = bound
         self.rings = rings
         self.affinity_depth = affinity_depth
-        self.cold_first_block = cold_first_block
 
     def required_depth(self, request: RoutingInput) -> int:
         """Leading blocks a holder needs to draw `request` by affinity (at least 1)."""
@@ -69,20 +68,12 @@ class PrefixPicker:
 
     def pick(self, request: RoutingInput, endpoints: Sequence[str], loads: Mapping[str, int]) -> Decision:
         assert endpoints, "pick() needs at least one endpoint"
-        depths = self.prefix.match_depths(request.block_hashes, endpoints) if request.block_hashes else {}
-        deepest = max(depths.values(), default=0)
-        # Nothing held anywhere: key the walk on the first block (COLD_KEY above).
-        hashes = request.block_hashes
-        if self.cold_first_block == "first" and hashes and not deepest:
-            key = hashes[0]
-        elif self.cold_first_block == "frontier" and deepest < len(hashes):
-            key = hashes[deepest]
-        else:
-            key = request.ring_key
-        walk = self.rings.get(endpoints).walk(key)
+        walk = self.rings.get(endpoints).walk(request.ring_key)
         capacity = self.bound.capacity(loads, walk)
         fits = [e for e in walk if self.bound.within(e, loads, capacity)]
 
+        depths = self.prefix.match_depths(request.block_hashes, walk) if request.block_hashes else {}
+        deepest = max(depths.values(), default=0)
         chosen = None
         if deepest >= self.required_depth(request):
             holders = [e for e in walk if depths.get(e, 0) == deepest]
