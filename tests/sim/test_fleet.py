@@ -35,6 +35,8 @@ def test_same_seed_same_output_other_seed_other_output():
     a = simulate(fleet, spec, PolicySpec("prefix")).row()
     b = simulate(fleet, spec, PolicySpec("prefix")).row()
     assert a == b
+    # Remembered ring walks (the simulator's speed-up) change nothing.
+    assert simulate(replace(fleet, memo_walks=False), spec, PolicySpec("prefix")).row() == a
     c = simulate(replace(fleet, seed=1), replace(spec, seed=1), PolicySpec("prefix")).row()
     assert (c["hit_rate"], c["ttft_p50_s"]) != (a["hit_rate"], a["ttft_p50_s"])
 
