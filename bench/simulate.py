@@ -91,7 +91,9 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
     return specs
 
 
-def sweep(args: argparse.Namespace) -> list[RunResult]:
+def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
+    """Every run of the sweep; `on_run(results so far)` after each (partial CSVs
+    of long sweeps survive an interrupted run)."""
     results = []
     lo, hi = args.answer_tokens
     for seed, engines, replicas, rate, delay in itertools.product(args.seed, args.engines, args.replicas, args.rate,
@@ -106,14 +108,20 @@ def sweep(args: argparse.Namespace) -> list[RunResult]:
             started = time.perf_counter()
             result = simulate(fleet, spec, policy)
             group.append(result)
+            if on_run is not None:
+                on_run(results + _with_ideal(group))
             print(f"seed {seed} engines {engines} R {replicas} rate {rate:g}/engine delay {delay:g}: "
                   f"{result.policy:44s} hit {result.hit_rate:.3f} session-hit {result.session_hit_rate:.3f} "
                   f"TTFT p50/p99 {result.ttft_p50_s * 1e3:.0f}/{result.ttft_p99_s * 1e3:.0f} ms "
                   f"max/mean {result.max_mean_run:.2f} overflow {result.overflow_share:.3f} "
                   f"disagree {result.disagreement:.3f} ({time.perf_counter() - started:.1f} s)", flush=True)
-        ideal = next((r.hit_rate for r in group if r.policy == "ideal"), float("nan"))
-        results += [replace(r, ideal_hit_rate=ideal) for r in group]
+        results += _with_ideal(group)
     return results
+
+
+def _with_ideal(group: list[RunResult]) -> list[RunResult]:
+    ideal = next((r.hit_rate for r in group if r.policy == "ideal"), float("nan"))
+    return [replace(r, ideal_hit_rate=ideal) for r in group]
 
 
 def write_csv(results: list[RunResult], path: Path) -> None:
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = sweep(args)
+    results = sweep(args, on_run=lambda so_far: write_csv(so_far, out / "results.csv"))
     write_csv(results, out / "results.csv")
     chart(results, out / "sim.png")
     print(f"wrote {out / 'results.csv'} and {out / 'sim.png'}")
