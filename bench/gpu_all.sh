@@ -3,7 +3,7 @@
 #
 #     bash bench/gpu_all.sh            # results in bench/out/gpu-<UTC time>/ (or $OUT/gpu-... when OUT is set)
 #
-# 1. the GPU tests: tests/test_gpu_engine.py (engine vs HF) and the Triton kernel tests,
+# 1. the GPU tests: tests/engine/test_gpu_engine.py (engine vs HF) and the Triton kernel tests,
 #    which on a GPU machine run compiled on CUDA instead of in the interpreter;
 # 2. bench/kernels.py --device cuda (paged attention vs SDPA, GB/s, fraction of peak);
 # 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64);
@@ -34,8 +34,8 @@ step() {  # step NAME LIMIT_S CMD...: run, log to $RESULTS/NAME.log, record the 
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())"; } \
   | tee "$SUMMARY"
 
-step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_gpu_engine.py \
-    tests/test_triton_attention.py tests/test_triton_write_kv.py tests/test_triton_engine.py
+step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_gpu_engine.py \
+    tests/engine/test_triton_attention.py tests/engine/test_triton_write_kv.py tests/engine/test_triton_engine.py
 step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
 step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct

@@ -5,6 +5,15 @@ import argparse
 import sys
 from typing import Any
 
+from pagedkube.defaults import default_of
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.sampling_params import SamplingParams
+
+
+def _sampling(name: str) -> Any:
+    """SamplingParams' default (the sampling flags not chosen differently below)."""
+    return default_of(SamplingParams, name)
+
 
 def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate a completion offline (no server)",
@@ -12,15 +21,15 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True, help="the prompt text (the user message with --chat)")
     p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=32)   # a CLI choice: a readable answer (SamplingParams: 16)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--n", type=int, default=1, help="number of samples")
+    p.add_argument("--top-p", type=float, default=_sampling("top_p"))
+    p.add_argument("--top-k", type=int, default=_sampling("top_k"))
+    p.add_argument("--seed", type=int, default=_sampling("seed"))
+    p.add_argument("--n", type=int, default=_sampling("n"), help="number of samples")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--device", default=default_of(EngineConfig, "device"), choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default=default_of(EngineConfig, "dtype"), choices=("auto", "float32", "float16", "bfloat16"))
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.set_defaults(func=run_generate)
     return p
@@ -28,8 +37,6 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     from pagedkube.engine.llm import LLM
-    from pagedkube.engine.sampling_params import SamplingParams
-
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import aiohttp
 import httpx
@@ -24,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from pagedkube.access_log import AccessLog
 from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
-from pagedkube.gateway.autoscaler.hold import HoldQueue
+from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.counting import CountResponses, outcome_of
@@ -37,6 +38,7 @@ from pagedkube.gateway.fast_path import PROXIED, FastPath
 from pagedkube.gateway.feed_metrics import CacheFeedAge
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.openapi import install as install_openapi
+from pagedkube.gateway.prompt import CurrentHasher
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.picker import PrefixPicker
@@ -48,6 +50,10 @@ from pagedkube.gateway.routing.types import RoutingInput
 from pagedkube.gateway.validation import ParsedRequest, parse_request
 from pagedkube.http_limits import BodyLimits
 from pagedkube.tracing import build_tracing
+
+if TYPE_CHECKING:
+    from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
+    from pagedkube.gateway.autoscaler.target import ScaleTarget
 
 log = logging.getLogger("pagedkube.gateway")
 
@@ -62,25 +68,33 @@ def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
 
 
 class Gateway:
-    """Everything a request handler needs; app.state.gateway holds one."""
+    """Everything a request handler needs; app.state.gateway holds one.
 
-    def __init__(self, config: GatewayConfig):
+    `endpoints`: the EndpointSet to route over (default: a new one; `pagedkube up`
+    passes the one its LocalEngines fill). `scale_target`: what the autoscaler
+    scales when the config turns it on (default: the LLMService from the config;
+    `pagedkube up` passes its LocalEngines)."""
+
+    def __init__(self, config: GatewayConfig, *, endpoints: EndpointSet | None = None,
+                 scale_target: ScaleTarget | None = None):
         self.config = config
         self.api_keys = ApiKeys.from_file(config.api_keys_file) if config.api_keys_file else None
         self.rate_limiter = RateLimiter()
-        self.endpoints = EndpointSet(config.eject_after_failures, config.eject_seconds)
+        self.endpoints = endpoints if endpoints is not None else EndpointSet(config.eject_after_failures,
+                                                                             config.eject_seconds)
         self.index = PrefixIndex(config.index_capacity)
         self.picker = build_picker(config, self.index)
         self.metrics = GatewayMetrics(self.endpoints.counts_by_state, self.endpoints.load_parts)
         self.static_urls = [normalize_url(u) for u in config.endpoints]
+        self.prompt = CurrentHasher(config.ring_key_blocks)   # the engine watcher swaps in the engines' hasher
         self.client: aiohttp.ClientSession | None = None
         self.watcher: EngineWatcher | None = None
         self.proxy: Proxy | None = None
         self.kube: KubeDiscovery | None = None
         self.hold = HoldQueue(self.endpoints, config.hold_timeout,
                               config.autoscale.max_held if config.autoscale else DEFAULT_MAX_HELD)
-        self.scale_target = None   # pagedkube up sets its local engines here before start()
-        self.autoscaler = None
+        self.scale_target = scale_target
+        self.autoscaler: Autoscaler | None = None
         self.tokenize_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
@@ -106,8 +120,8 @@ class Gateway:
             max_attempts=self.config.max_attempts, upstream_timeout=self.config.upstream_timeout,
             strip_authorization=self.api_keys is not None, route_headers=self.config.route_headers,
             engine_authorization=engine_auth))
-        self.watcher = EngineWatcher(self.endpoints, self.index, self.control,
-                                     probe_ready=bool(self.static_urls), ring_key_blocks=self.config.ring_key_blocks,
+        self.watcher = EngineWatcher(self.endpoints, self.index, self.control, self.prompt,
+                                     probe_ready=bool(self.static_urls),
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
@@ -120,7 +134,8 @@ class Gateway:
         if self.config.autoscale is not None:
             from pagedkube.gateway.autoscaler.wiring import build_autoscaler
 
-            self.autoscaler = build_autoscaler(self, self.scale_target)
+            self.autoscaler = build_autoscaler(self.config, self.endpoints, self.hold, self.metrics.registry,
+                                               self.scale_target)
             self.autoscaler.start()
 
     async def stop(self) -> None:
@@ -179,7 +194,7 @@ class Gateway:
         event loop, with the hasher's caches (a thread hop would cost more than the
         work); a large one goes to the bounded tokenize pool, uncached, so /health and
         running streams keep flowing while a multi-megabyte prompt is worked through."""
-        hasher = self.watcher.hasher
+        hasher = self.prompt.hasher
         if len(parsed.raw) <= self.config.inline_tokenize_bytes:
             return hasher.routing_input(parsed.kind, parsed.body, salt)
         work = functools.partial(hasher.routing_input, parsed.kind, parsed.body, salt, cached=False)
@@ -203,8 +218,9 @@ class Gateway:
         return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
 
 
-def create_app(config: GatewayConfig) -> CountResponses:
-    """The gateway's ASGI app, outermost first:
+def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
+               scale_target: ScaleTarget | None = None) -> CountResponses:
+    """The gateway's ASGI app (`endpoints`, `scale_target`: see Gateway), outermost first:
 
         CountResponses       every response counted (gateway/counting.py)
         AccessLogMiddleware  x-request-id, one access-log line and span per request (gateway/access_log.py)
@@ -212,7 +228,7 @@ def create_app(config: GatewayConfig) -> CountResponses:
         FastPath             the two proxied routes (gateway/fast_path.py)
         FastAPI              /v1/models, /health, /ready, /metrics; 404 / 405 for the rest
     """
-    gateway = Gateway(config)
+    gateway = Gateway(config, endpoints=endpoints, scale_target=scale_target)
     tracing = build_tracing("pagedkube-gateway", config.observability.otlp_traces_endpoint)
 
     @contextlib.asynccontextmanager
@@ -261,7 +277,7 @@ def create_app(config: GatewayConfig) -> CountResponses:
     async def ready() -> Response:
         routable = gateway.endpoints.routable()
         body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state(),
-                "tokenizer": gateway.watcher.hasher.tokenizer is not None,
+                "tokenizer": gateway.prompt.hasher.tokenizer is not None,
                 "feeds": dict(sorted(gateway.watcher.feed_seq.items()))}
         return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
 

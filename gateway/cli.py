@@ -6,11 +6,8 @@ import logging
 import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
-from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
-from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
-from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
-from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
-from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
+from pagedkube.defaults import default_of
+from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 
@@ -27,6 +24,11 @@ def _affinity_depth(value: str) -> int | None:
 from pagedkube.observability import add_observability_args, observability_from_args
 
 
+def _default(name: str):
+    """GatewayConfig's default for a field: the flags' defaults are the config's."""
+    return default_of(GatewayConfig, name)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "gateway", help="cache-aware OpenAI-compatible gateway in front of engine servers",
@@ -35,46 +37,50 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--endpoints", help="comma-separated engine URLs, e.g. http://127.0.0.1:8000,http://127.0.0.1:8001")
     src.add_argument("--kube-service", metavar="NAME", help="watch the EndpointSlices of this engine Service")
-    p.add_argument("--namespace", default="default", help="namespace of --kube-service (default: default)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
-    p.add_argument("--load-bound", type=float, default=DEFAULT_LOAD_BOUND,
+    p.add_argument("--namespace", default=_default("namespace"), help=f"namespace of --kube-service (default: {_default('namespace')})")
+    p.add_argument("--host", default=_default("host"))
+    p.add_argument("--port", type=int, default=_default("port"))
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default=_default("routing"))
+    p.add_argument("--load-bound", type=float, default=_default("load_bound"),
                    help="c in consistent hashing with bounded loads: no engine above c x mean load "
-                        f"(default {DEFAULT_LOAD_BOUND:g})")
-    p.add_argument("--load-floor", type=int, default=DEFAULT_LOAD_FLOOR, metavar="N",
+                        f"(default {_default('load_bound'):g})")
+    p.add_argument("--load-floor", type=int, default=_default("load_floor"), metavar="N",
                    help="an engine with fewer than N requests always takes one more, whatever c x mean says "
-                        f"(default {DEFAULT_LOAD_FLOOR}; 0: the plain bound)")
-    p.add_argument("--affinity-depth", type=_affinity_depth, default=DEFAULT_AFFINITY_DEPTH, metavar="N|head",
+                        f"(default {_default('load_floor')}; 0: the plain bound)")
+    p.add_argument("--affinity-depth", type=_affinity_depth, default=_default("affinity_depth"), metavar="N|head",
                    help="leading blocks an engine must hold to draw a request by affinity: 0 (default) any "
                         "held prefix, N at least min(N, the request's ring-key head), 'head' the whole head")
     p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
     p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
                    help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
                         "every forwarded request (default: $PAGEDKUBE_ENGINE_API_KEY)")
-    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                   help="larger request bodies get 413 (default 8 MiB)")
-    p.add_argument("--body-read-timeout", type=float, default=DEFAULT_BODY_READ_TIMEOUT_S, metavar="SECONDS",
-                   help="a client that sent its headers but not its whole body within this gets 408 (default 30)")
+    p.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"),
+                   help=f"larger request bodies get 413 (default {_default('max_body_bytes') >> 20} MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=_default("body_read_timeout"), metavar="SECONDS",
+                   help="a client that sent its headers but not its whole body within this gets 408 "
+                        f"(default {_default('body_read_timeout'):g})")
     p.add_argument("--route-headers", action="store_true",
                    help="add x-pagedkube-endpoint and x-pagedkube-route (the engine and the routing reason) to "
                         "responses; off by default, as they show internal addresses to every client")
     p.add_argument("--tokenize-workers", type=int, default=None,
-                   help="threads that tokenize large prompts off the event loop (default 2, see docs/gateway.md)")
-    p.add_argument("--max-attempts", type=int, default=3, help="engines tried per request on connect errors / 5xx")
-    p.add_argument("--upstream-timeout", type=float, default=600.0, help="seconds to wait for engine bytes")
-    p.add_argument("--connect-timeout", type=float, default=2.0)
-    p.add_argument("--eject-after-failures", type=int, default=DEFAULT_EJECT_AFTER_FAILURES)
-    p.add_argument("--eject-seconds", type=float, default=DEFAULT_EJECT_SECONDS)
-    p.add_argument("--feed-interval", type=float, default=0.05,
+                   help=f"threads that tokenize large prompts off the event loop (default {_default('tokenize_workers')}, "
+                        "see docs/gateway.md)")
+    p.add_argument("--max-attempts", type=int, default=_default("max_attempts"),
+                   help="engines tried per request on connect errors / 5xx")
+    p.add_argument("--upstream-timeout", type=float, default=_default("upstream_timeout"), help="seconds to wait for engine bytes")
+    p.add_argument("--connect-timeout", type=float, default=_default("connect_timeout"))
+    p.add_argument("--eject-after-failures", type=int, default=_default("eject_after_failures"))
+    p.add_argument("--eject-seconds", type=float, default=_default("eject_seconds"))
+    p.add_argument("--feed-interval", type=float, default=_default("feed_interval"),
                    help="least seconds between two cache feed requests to one engine")
-    p.add_argument("--feed-wait", type=float, default=5.0,
+    p.add_argument("--feed-wait", type=float, default=_default("feed_wait"),
                    help="cache feed long-poll: seconds an engine may hold a request until it has news "
                         "(0: plain polls every --feed-interval)")
-    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between /metrics and /ready polls")
-    p.add_argument("--ring-key-blocks", type=int, default=DEFAULT_RING_KEY_BLOCKS,
+    p.add_argument("--scrape-interval", type=float, default=_default("scrape_interval"),
+                   help="seconds between /metrics and /ready polls")
+    p.add_argument("--ring-key-blocks", type=int, default=_default("ring_key_blocks"),
                    help="the ring key is the hash of the first N blocks of the prompt head "
-                        f"(default {DEFAULT_RING_KEY_BLOCKS})")
+                        f"(default {_default('ring_key_blocks')})")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold a request while no engine is ready "
                         "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
@@ -84,9 +90,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace):
-    from pagedkube.gateway.config import GatewayConfig
-
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         endpoints=[u for u in (args.endpoints or "").split(",") if u.strip()],
         kube_service=args.kube_service, namespace=args.namespace, host=args.host, port=args.port,

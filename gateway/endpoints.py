@@ -2,9 +2,9 @@
 
 Discovery (a static list or EndpointSlices) says which endpoints exist and
 whether they are ready; the passive health check ejects an endpoint for a
-while after consecutive failures; the scraper records each engine's running
-and waiting counts. Routing reads `routable()` and `loads()`; the autoscaler
-reads the same object (the engines' waiting queues) and uses `wait_routable`
+while after consecutive failures; the engine watcher's one scrape per engine
+records its running and waiting counts and its prefix-cache hits. Routing reads `routable()` and `loads()`; the autoscaler
+reads the same object (the engines' waiting queues and cache hits) and uses `wait_routable`
 to hold requests while no engine is ready.
 
     state:  ready | not_ready | terminating  (discovery)  + ejected (health)
@@ -45,6 +45,7 @@ class Endpoint:
     in_flight: int = 0
     waiting: int = 0            # the engine's queue at the last scrape (the autoscaler's signal)
     others: int = 0             # other replicas' requests on it at the last scrape
+    prefix_cache_hits: float | None = None   # the engine's cumulative cache hits at the last scrape (cache worth)
     consecutive_failures: int = 0
     ejected_until: float = 0.0
 
@@ -135,14 +136,16 @@ class EndpointSet:
         if (e := self._endpoints.get(url)) is not None and e.in_flight > 0:
             e.in_flight -= 1
 
-    def set_scraped(self, url: str, running: int, waiting: int, own: int) -> None:
-        """An engine reported `running` and `waiting` requests while this gateway
-        had `own` requests open on it (the larger of its counts before and after
-        the scrape: a request of ours that ended meanwhile is not taken for
-        another replica's)."""
+    def set_scraped(self, url: str, running: int, waiting: int, own: int,
+                    prefix_cache_hits: float | None = None) -> None:
+        """An engine reported `running` and `waiting` requests (and its cumulative
+        prefix-cache hits, None when not exported) while this gateway had `own`
+        requests open on it (the larger of its counts before and after the scrape:
+        a request of ours that ended meanwhile is not taken for another replica's)."""
         if (e := self._endpoints.get(url)) is not None:
             e.waiting = max(0, int(waiting))
             e.others = max(0, int(running) + e.waiting - max(0, own))
+            e.prefix_cache_hits = prefix_cache_hits
 
     def report_success(self, url: str) -> None:
         if (e := self._endpoints.get(url)) is not None:

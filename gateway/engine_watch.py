@@ -7,9 +7,11 @@ Per endpoint, two tasks:
           long-poll the engine answers as soon as it records an event; the
           next starts `feed_interval` after the last (which batches a busy
           engine's events), at once after a long-poll that waited
-  scrape  GET /metrics (vllm:num_requests_running and _waiting) every
-          `scrape_interval` -> EndpointSet.set_scraped, with this gateway's
-          own in-flight count around the scrape; GET /ready when probing;
+  scrape  GET /metrics every `scrape_interval`, parsed once
+          (gateway/engine_metrics.py: running, waiting, prefix-cache hits)
+          -> EndpointSet.set_scraped, with this gateway's own in-flight count
+          around the scrape; the router, the autoscaler and the gateway's
+          metrics all read that; GET /ready when probing;
           GET /v1/models now and then -> the known model names
 The first engine whose cache config is read fixes the gateway's block size and
 hash seed and serves the tokenizer (GET /v1/cache/tokenizer); an engine with a
@@ -26,7 +28,8 @@ import httpx
 
 from pagedkube import hashing
 from pagedkube.gateway.endpoints import NOT_READY, READY, EndpointSet
-from pagedkube.gateway.prompt import PromptHasher
+from pagedkube.gateway.engine_metrics import parse_engine_metrics
+from pagedkube.gateway.prompt import CurrentHasher, PromptHasher
 from pagedkube.gateway.routing.prefix_index import PrefixIndex
 from pagedkube.tokenizer import Tokenizer
 
@@ -37,26 +40,9 @@ _TOKENIZER_RETRY_S = 10.0
 _MAX_BACKOFF_S = 2.0
 
 
-_RUNNING, _WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-
-
-def parse_engine_load(metrics_text: str) -> tuple[int, int]:
-    """(running, waiting): vllm:num_requests_{running,waiting} summed over their
-    label sets (0 when absent)."""
-    totals = {_RUNNING: 0.0, _WAITING: 0.0}
-    for line in metrics_text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            try:
-                totals[name] += float(line.rsplit(None, 1)[-1])
-            except ValueError:
-                continue
-    return int(totals[_RUNNING]), int(totals[_WAITING])
-
-
 class EngineWatcher:
-    def __init__(self, endpoints: EndpointSet, index: PrefixIndex, client: httpx.AsyncClient, *,
-                 probe_ready: bool, ring_key_blocks: int, feed_interval: float = 0.05,
+    def __init__(self, endpoints: EndpointSet, index: PrefixIndex, client: httpx.AsyncClient,
+                 prompt: CurrentHasher, *, probe_ready: bool, feed_interval: float = 0.05,
                  feed_wait: float = 5.0, scrape_interval: float = 1.0):
         self.endpoints = endpoints
         self.index = index
@@ -65,8 +51,7 @@ class EngineWatcher:
         self.feed_interval = feed_interval
         self.feed_wait = feed_wait
         self.scrape_interval = scrape_interval
-        self.ring_key_blocks = ring_key_blocks
-        self.hasher = PromptHasher(None, ring_key_blocks=ring_key_blocks)
+        self.prompt = prompt                    # the request path's hasher: replaced here, read there
         self.cache_config: dict | None = None   # the config the hasher follows
         self.models: dict[str, list[dict]] = {}
         self.feed_seq: dict[str, int] = {}      # the last cache-feed seq applied, per endpoint
@@ -119,15 +104,15 @@ class EngineWatcher:
             return
         if self.cache_config is None:
             self.cache_config = {k: config.get(k) for k in ("block_size", "hash_algorithm", "hash_seed")}
-            self.hasher = PromptHasher(None, int(config["block_size"]), config.get("hash_seed") or "",
-                                       self.ring_key_blocks)
-        if self.hasher.tokenizer is None and self._config_matches(config):
+            self.prompt.hasher = PromptHasher(None, int(config["block_size"]), config.get("hash_seed") or "",
+                                              self.prompt.hasher.ring_key_blocks)
+        if self.prompt.hasher.tokenizer is None and self._config_matches(config):
             await self._load_tokenizer(url)
 
     async def _load_tokenizer(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         async with self._tokenizer_lock:
-            if self.hasher.tokenizer is not None or loop.time() < self._tokenizer_next_try:
+            if self.prompt.hasher.tokenizer is not None or loop.time() < self._tokenizer_next_try:
                 return
             try:
                 r = await self.client.get(f"{url}/v1/cache/tokenizer")
@@ -137,8 +122,8 @@ class EngineWatcher:
                 self._tokenizer_next_try = loop.time() + _TOKENIZER_RETRY_S
                 log.warning("no tokenizer from %s (%s): routing falls back to raw-text keys", url, e)
                 return
-            old = self.hasher
-            self.hasher = PromptHasher(tokenizer, old.block_size, old.seed, old.ring_key_blocks)
+            old = self.prompt.hasher
+            self.prompt.hasher = PromptHasher(tokenizer, old.block_size, old.seed, old.ring_key_blocks)
             log.info("tokenizer loaded from %s (block size %d)", url, old.block_size)
 
     async def _follow_feed(self, url: str) -> None:
@@ -158,7 +143,7 @@ class EngineWatcher:
                     else:
                         log.warning("engine %s cache config %s differs from %s: ignoring its feed",
                                     url, config, self.cache_config)
-                if matches and self.hasher.tokenizer is None:
+                if matches and self.prompt.hasher.tokenizer is None:
                     await self._load_tokenizer(url)  # retried every _TOKENIZER_RETRY_S until it works
                 pause = self.feed_interval
                 if matches:
@@ -222,7 +207,8 @@ class EngineWatcher:
                 r = await self.client.get(f"{url}/metrics")
                 if r.status_code == 200:
                     own = max(own, self.endpoints.in_flight(url))
-                    self.endpoints.set_scraped(url, *parse_engine_load(r.text), own)
+                    scrape = parse_engine_metrics(r.text)
+                    self.endpoints.set_scraped(url, scrape.running, scrape.waiting, own, scrape.prefix_cache_hits)
                 if url not in self.models or tick % _MODELS_EVERY == 0:
                     r = await self.client.get(f"{url}/v1/models")
                     if r.status_code == 200:

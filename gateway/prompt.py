@@ -187,3 +187,13 @@ class PromptHasher:
             if len(ids) >= needed + _HEAD_MARGIN_TOKENS:
                 return ids[:needed]
         return tok.encode(text, add_special_tokens=False)
+
+
+class CurrentHasher:
+    """The PromptHasher requests use now, shared by the request path (reads `hasher`)
+    and the engine watcher (swaps in a new one when the engines' cache config or
+    tokenizer arrive). A hasher is replaced, never changed in place: a large prompt
+    may be hashing in the tokenize pool with the old one meanwhile."""
+
+    def __init__(self, ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS):
+        self.hasher = PromptHasher(None, ring_key_blocks=ring_key_blocks)

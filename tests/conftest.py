@@ -4,7 +4,7 @@ import os
 # Triton picks interpret-vs-compile when triton is first imported (triton.language's own
 # @jit helpers are decorated then), and transformers imports triton, so this must happen
 # before any test module is collected. Without a GPU nothing can run compiled Triton, so
-# every Triton kernel runs in the interpreter (tests/test_triton_*.py rely on it). On a GPU
+# every Triton kernel runs in the interpreter (tests/engine/test_triton_*.py rely on it). On a GPU
 # machine the kernels compile and the same tests run them on CUDA.
 if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0")):
     os.environ.setdefault("TRITON_INTERPRET", "1")

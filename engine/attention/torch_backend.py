@@ -5,7 +5,7 @@ each; in a decode step of 64 sequences on a CPU that loop is most of the step.
 Here every sequence with exactly one query token (a decode) is computed in one
 batched pass over a padded gather of the pool; sequences with more query tokens
 (prefill chunks, few per step) go through torch_ref itself. The results equal
-torch_ref's up to float summation order (tests/test_torch_backend.py).
+torch_ref's up to float summation order (tests/engine/test_torch_backend.py).
 
 Decode pass, B decoding sequences, W = block_tables width, S = W * block_size:
 

@@ -11,6 +11,9 @@ import os
 import re
 from typing import Any
 
+from pagedkube.defaults import default_of
+from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.server.config import ServerConfig
 from pagedkube.observability import add_observability_args, observability_from_args
 
 logger = logging.getLogger("pagedkube.serve")
@@ -31,41 +34,51 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+def _server(name: str) -> Any:
+    """ServerConfig's default for a field: the flags' defaults are the config's."""
+    return default_of(ServerConfig, name)
+
+
+def _engine(name: str) -> Any:
+    return default_of(EngineConfig, name)
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
     p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--host", default=_server("host"))
+    p.add_argument("--port", type=int, default=_server("port"))
+    p.add_argument("--device", default=_engine("device"), choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default=_engine("dtype"), choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--block-size", type=int, default=_engine("block_size"))
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")
     kv.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="bytes for the KV pool (e.g. 4GiB)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=_engine("max_num_seqs"))
+    p.add_argument("--max-num-batched-tokens", type=int, default=_engine("max_num_batched_tokens"))
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-waiting", type=int, default=4096,
+    p.add_argument("--max-waiting", type=int, default=_server("max_waiting"),
                    help="waiting sequences (n x prompts) beyond which new requests get 503 "
-                        "(default 4096: 16 x the default max-num-seqs; -1 = unbounded)")
+                        f"(default {_server('max_waiting')}: 16 x the default max-num-seqs; -1 = unbounded)")
     p.add_argument("--max-request-tokens", type=int, default=None,
                    help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
                         "a request is already capped at --max-num-seqs sequences)")
-    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 << 20,
-                   help="largest request body; 413 above (default 16MiB)")
-    p.add_argument("--body-read-timeout", type=float, default=30.0,
-                   help="seconds a client has to send its whole body; 408 after (default 30)")
-    p.add_argument("--heartbeat-timeout", type=float, default=30.0,
-                   help="seconds without word from the engine core after which /health fails (default 30)")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=_server("max_body_bytes"),
+                   help=f"largest request body; 413 above (default {_server('max_body_bytes') >> 20}MiB)")
+    p.add_argument("--body-read-timeout", type=float, default=_server("body_read_timeout"),
+                   help=f"seconds a client has to send its whole body; 408 after (default {_server('body_read_timeout'):g})")
+    p.add_argument("--heartbeat-timeout", type=float, default=_server("heartbeat_timeout"),
+                   help="seconds without word from the engine core after which /health fails "
+                        f"(default {_server('heartbeat_timeout'):g})")
     p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
                    help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
     p.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
                    help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
-    p.add_argument("--drain-timeout", type=float, default=25.0,
-                   help="seconds in-flight requests may run after SIGTERM (default 25)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drain-timeout", type=float, default=_server("drain_timeout"),
+                   help=f"seconds in-flight requests may run after SIGTERM (default {_server('drain_timeout'):g})")
+    p.add_argument("--seed", type=int, default=_engine("seed"))
     p.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
     p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
@@ -76,10 +89,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def build_config(args: argparse.Namespace):
-    from pagedkube.engine.config import EngineConfig
-    from pagedkube.engine.server.config import ServerConfig
-
+def build_config(args: argparse.Namespace) -> ServerConfig:
     engine = EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,

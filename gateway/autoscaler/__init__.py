@@ -1,8 +1,11 @@
 """Queue-depth autoscaler of the engine fleet (runs inside the gateway).
 
 policy.py      desired replicas (HPA's rule) and stabilization windows, pure
-hold.py        requests held while no engine is ready (scale from zero)
 autoscaler.py  the loop: read the queue, decide, tell the ScaleTarget
 target.py      the ScaleTarget interface; kube.py + lease.py implement it for
                Kubernetes, pagedkube.gateway.local for `pagedkube up`
+wiring.py      builds the Autoscaler from its parts (the Gateway passes them)
+The requests held while no engine is ready (scale from zero) sit on the request
+path: gateway/hold.py, beside the proxy. The queue depth and cache hits come from
+the engine watcher's scrape (gateway/engine_metrics.py), read from the EndpointSet.
 """

@@ -4,6 +4,8 @@ held with no engine ready), read the queue, decide, and tell the ScaleTarget.
     tick:  leader?  -> current = target.get_replicas()
            ready    = endpoints.routable()
            queue    = sum(waiting of ready engines) + held requests
+           worth    = each ready engine's recent prefix-cache hits             cache_worth.py
+                      (waiting and hits: the engine watcher's scrape, read from the EndpointSet)
            raw      = bounded(desired_replicas(ready, current, queue))     policy.py
            desired  = stabilizer.recommend(raw, current, now)
            desired != current -> target.scale(desired, victims, worth)
@@ -19,10 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import httpx
-
-from pagedkube.gateway.autoscaler.cache_worth import CacheWorth, parse_hits
-from pagedkube.gateway.autoscaler.hold import HoldQueue
+from pagedkube.gateway.autoscaler.cache_worth import CacheWorth
+from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig, Stabilizer, bounded, desired_replicas
 from pagedkube.gateway.autoscaler.target import ScaleTarget
@@ -43,14 +43,12 @@ class Decision:
 
 class Autoscaler:
     def __init__(self, config: AutoscalerConfig, endpoints: EndpointSet, hold: HoldQueue, target: ScaleTarget,
-                 metrics: AutoscalerMetrics, client: httpx.AsyncClient | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 metrics: AutoscalerMetrics, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.endpoints = endpoints
         self.hold = hold
         self.target = target
         self.metrics = metrics
-        self.client = client
         self.clock = clock
         self.stabilizer = Stabilizer(config.scale_up_window, config.scale_down_window)
         self.worth = CacheWorth(max(config.scale_down_window, 10 * config.interval))
@@ -95,21 +93,13 @@ class Autoscaler:
         waiting = sum(e.waiting for u in ready if (e := self.endpoints.get(u)) is not None)
         return waiting + self.hold.num_held
 
-    async def _scrape_worth(self, ready: list[str], now: float) -> None:
+    def _observe_worth(self, ready: list[str], now: float) -> None:
+        """Each ready engine's prefix-cache hits as the engine watcher last scraped them."""
         self.worth.forget(ready)
-        if self.client is None or not ready:
-            return
-
-        async def one(url: str) -> None:
-            try:
-                r = await self.client.get(f"{url}/metrics")
-                hits = parse_hits(r.text) if r.status_code == 200 else None
-            except httpx.HTTPError:
-                hits = None
-            if hits is not None:
-                self.worth.observe(url, hits, now)
-
-        await asyncio.gather(*(one(u) for u in ready))
+        for url in ready:
+            e = self.endpoints.get(url)
+            if e is not None and e.prefix_cache_hits is not None:
+                self.worth.observe(url, e.prefix_cache_hits, now)
 
     async def tick(self) -> Decision | None:
         ready = self.endpoints.routable()
@@ -118,7 +108,7 @@ class Autoscaler:
         self.metrics.queue_depth.set(queue)
         self.metrics.held_requests.set(self.hold.num_held)
         now = self.clock()
-        await self._scrape_worth(ready, now)
+        self._observe_worth(ready, now)
         leader = await self.target.is_leader()
         self.metrics.leader.set(1 if leader else 0)
         if not leader:

@@ -1,7 +1,8 @@
 """Which engine's cache is worth least: prefix-cache hits per engine, lately.
 
-Each autoscaler tick scrapes `vllm:prefix_cache_hits_total` (cached prompt
-tokens served, cumulative) from every ready engine. The worth of an engine's
+Each autoscaler tick reads `vllm:prefix_cache_hits_total` (cached prompt
+tokens served, cumulative) of every ready engine as the engine watcher last
+scraped it (gateway/engine_metrics.py, kept in the EndpointSet). The worth of an engine's
 cache is the growth of that counter over the last `window` seconds: an engine
 whose blocks nobody has reused lately loses least when it goes, so a scale-in
 removes it first. A counter that went down (engine restarted) restarts its history.
@@ -11,21 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-HITS_METRIC = "vllm:prefix_cache_hits_total"
 DEFAULT_WORTH_WINDOW_S = 300.0   # as long as HPA's default scale-down window
-
-
-def parse_hits(metrics_text: str) -> float | None:
-    """Sum of vllm:prefix_cache_hits_total over its label sets; None when absent."""
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith(HITS_METRIC) and line[len(HITS_METRIC):len(HITS_METRIC) + 1] in ("{", " "):
-            try:
-                total += float(line.rsplit(None, 1)[-1])
-                seen = True
-            except ValueError:
-                continue
-    return total if seen else None
 
 
 class CacheWorth:

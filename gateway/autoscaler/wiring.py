@@ -1,11 +1,16 @@
-"""Builds the autoscaler for a Gateway (called from Gateway.start)."""
+"""Builds the autoscaler from the parts a Gateway passes (called from Gateway.start)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.target import ScaleTarget
+from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.hold import HoldQueue
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 
 def kube_target(config: Any, api: Any = None) -> ScaleTarget:
@@ -20,10 +25,11 @@ def kube_target(config: Any, api: Any = None) -> ScaleTarget:
     return KubeScaleTarget(api, config.namespace, a.llmservice, config.kube_service, lease)
 
 
-def build_autoscaler(gateway: Any, target: ScaleTarget | None) -> Autoscaler:
-    """`target` None: the Kubernetes target from the gateway's config."""
-    config = gateway.config
+def build_autoscaler(config: Any, endpoints: EndpointSet, hold: HoldQueue, registry: CollectorRegistry,
+                     target: ScaleTarget | None) -> Autoscaler:
+    """The autoscaler of a gateway with GatewayConfig `config` (its `autoscale` set), over the
+    gateway's endpoints and hold queue, its gauges in `registry`. `target` None: the Kubernetes
+    target from the config; `pagedkube up` passes its local engines."""
     if target is None:
         target = kube_target(config)
-    metrics = AutoscalerMetrics(gateway.metrics.registry)
-    return Autoscaler(config.autoscale, gateway.endpoints, gateway.hold, target, metrics, client=gateway.control)
+    return Autoscaler(config.autoscale, endpoints, hold, target, AutoscalerMetrics(registry))

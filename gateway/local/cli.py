@@ -6,6 +6,8 @@ import sys
 
 from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
+from pagedkube.defaults import default_of
+from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # `pagedkube serve` options passed through to every engine, as given.
@@ -29,14 +31,20 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
 )
 
 
+def _default(name: str):
+    """UpConfig's default for a field: the flags' defaults are the config's."""
+    return default_of(UpConfig, name)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "up", help="run engines and the gateway on this machine (the local stack)",
         description="Start engine processes and the cache-aware gateway in front of them; Ctrl-C stops all.")
-    p.add_argument("--replicas", type=int, default=2, help="engines to start (default 2)")
-    p.add_argument("--host", default="127.0.0.1", help="the gateway's address (engines listen on 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="the gateway's port (default 8080)")
-    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
+    p.add_argument("--replicas", type=int, default=_default("replicas"),
+                   help=f"engines to start (default {_default('replicas')})")
+    p.add_argument("--host", default=_default("host"), help="the gateway's address (engines listen on 127.0.0.1)")
+    p.add_argument("--port", type=int, default=_default("port"), help=f"the gateway's port (default {_default('port')})")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default=_default("routing"))
     p.add_argument("--route-headers", action="store_true",
                    help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
@@ -78,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from pagedkube.access_log import DEFAULT_ACCESS_LOG
-    from pagedkube.gateway.local.supervisor import Supervisor, UpConfig
+    from pagedkube.gateway.local.supervisor import Supervisor
     from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,
                           route_headers=args.route_headers,
-                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else 25.0,
+                          drain_timeout=args.drain_timeout if args.drain_timeout is not None else _default("drain_timeout"),
                           observability=ObservabilityConfig(args.access_log or DEFAULT_ACCESS_LOG,
                                                             args.otlp_traces_endpoint))
     except ValueError as e:

@@ -68,6 +68,7 @@ class LocalEngine:
     restarts: int = 0                      # processes started after the first
     last_exit: str = ""                    # why the previous process ended
     retry_at: float | None = None          # while restarting: when the next process starts
+    failed_starts: int = 0                 # processes in a row that ended before ready
     stopping: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)   # stop() ends a back-off wait
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -81,6 +82,7 @@ class LocalEngines:
     def __init__(self, endpoints: EndpointSet, engine_args: Sequence[str], *,
                  on_change: Callable[[LocalEngine], None] = lambda e: None,
                  on_log: Callable[[str, str], None] = lambda name, line: None,
+                 on_give_up: Callable[[LocalEngine], None] = lambda e: None,
                  drain_timeout: float = 25.0, host: str = "127.0.0.1", ready_poll: float = READY_POLL_S,
                  api_key: str | None = None, hash_seed: str | None = None,
                  policy: RestartPolicy = RestartPolicy()):
@@ -88,6 +90,8 @@ class LocalEngines:
         self.engine_args = list(engine_args)
         self.on_change = on_change
         self.on_log = on_log
+        self.on_give_up = on_give_up   # policy.give_up_after failed starts before any engine was ready
+        self.ever_ready = False
         self.drain_timeout = drain_timeout
         self.host = host
         self.ready_poll = ready_poll
@@ -137,6 +141,7 @@ class LocalEngines:
             engine.state = state
             if state == READY and engine.ready_at is None:
                 engine.ready_at = time.monotonic()
+                self.ever_ready = True
             self._publish()
             self.on_change(engine)
 
@@ -190,12 +195,16 @@ class LocalEngines:
             if engine.stopping:
                 break
             ready_for = None if engine.ready_at is None else time.monotonic() - engine.ready_at
+            engine.failed_starts = engine.failed_starts + 1 if ready_for is None else 0
+            if not self.ever_ready and engine.failed_starts >= self.policy.give_up_after:
+                engine.last_exit = why
+                await self._last_words(engine)
+                self.on_give_up(engine)
+                break
             delay = backoff.delay(ready_for)
             engine.last_exit, engine.retry_at = why, time.monotonic() + delay
             self._set_state(engine, RESTARTING)   # out of the EndpointSet first
-            logs = [t for t in engine.tasks if t.get_name() == f"{engine.name} log" and not t.done()]
-            if logs:   # its last words (a traceback) before ours
-                await asyncio.wait(logs, timeout=1.0)
+            await self._last_words(engine)
             self.on_log(engine.name, f"{why}; restarting in {delay:g} s")
             try:
                 await asyncio.wait_for(engine.wake.wait(), delay)
@@ -211,6 +220,12 @@ class LocalEngines:
                 await self._reap(engine)
                 break
         self._set_state(engine, STOPPED)
+
+    async def _last_words(self, engine: LocalEngine) -> None:
+        """Lets the log relay show what the dead process printed (a traceback) before we speak."""
+        logs = [t for t in engine.tasks if t.get_name() == f"{engine.name} log" and not t.done()]
+        if logs:
+            await asyncio.wait(logs, timeout=1.0)
 
     async def _run(self, engine: LocalEngine) -> str:
         """One process, until it exits: readiness while loading, then liveness. Returns why it ended."""

@@ -32,6 +32,12 @@ class RestartPolicy:
     # This many failures in a row kill the engine (kubelet's default failureThreshold),
     # so a wedged engine is replaced within about 15-30 s.
     health_failures: int = 3
+    # Until some engine of this run has been ready, a slot whose process exits this many
+    # times in a row without getting ready means the run cannot work (a bad model file, a
+    # flag the engine refuses, a model that does not fit): `up` stops with exit 1, as
+    # `vllm serve` does, instead of restarting for ever. Once anything has served, crashes
+    # are faults of a running service and are restarted without limit (as a kubelet does).
+    give_up_after: int = 3
 
     def __post_init__(self) -> None:
         if not 0 < self.initial_backoff_s <= self.max_backoff_s:
@@ -39,8 +45,9 @@ class RestartPolicy:
                              f"{self.initial_backoff_s} and {self.max_backoff_s}")
         if self.reset_after_s < 0 or self.health_period_s <= 0 or self.health_timeout_s <= 0:
             raise ValueError("reset_after_s must be >= 0, health_period_s and health_timeout_s > 0")
-        if self.health_failures < 1:
-            raise ValueError(f"health_failures must be >= 1, got {self.health_failures}")
+        if self.health_failures < 1 or self.give_up_after < 1:
+            raise ValueError(f"health_failures and give_up_after must be >= 1, got "
+                             f"{self.health_failures} and {self.give_up_after}")
 
 
 class Backoff:

@@ -1,7 +1,7 @@
 """`pagedkube up`: engines as child processes and the gateway in this process.
 
     supervisor (this process, one event loop)
-      gateway   create_app(GatewayConfig(supervised=True)) served by uvicorn
+      gateway   create_app(GatewayConfig(supervised=True), endpoints=, scale_target=) served by uvicorn
       engines   LocalEngines: spawn / drain `pagedkube serve` children, feed the
                 gateway's EndpointSet, and act as the autoscaler's ScaleTarget
 
@@ -25,38 +25,11 @@ import secrets
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 
-from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
+from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
 from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
-from pagedkube.observability import ObservabilityConfig
-
-
-@dataclass(slots=True)
-class UpConfig:
-    replicas: int = 2
-    host: str = "127.0.0.1"
-    port: int = 8080
-    engine_args: list[str] = field(default_factory=list)
-    model_name: str = "tiny"
-    autoscale: AutoscalerConfig | None = None
-    hold_timeout: float = 0.0
-    routing: str = "prefix"
-    route_headers: bool = False      # `pagedkube gateway --route-headers`
-    drain_timeout: float = 25.0
-    scrape_interval: float = 0.5     # queue depth is read this often (the gateway's default is 1 s)
-    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
-
-    def __post_init__(self) -> None:
-        if self.replicas < 0:
-            raise ValueError(f"--replicas must be >= 0, got {self.replicas}")
-        if self.replicas == 0 and self.autoscale is None:
-            raise ValueError("--replicas 0 needs --autoscale --min-replicas 0 (scale from zero)")
-
-    def initial_replicas(self) -> int:
-        a = self.autoscale
-        return self.replicas if a is None else max(a.min_replicas, min(a.max_replicas, self.replicas))
 
 
 def curl_line(host: str, port: int, model: str) -> str:
@@ -85,6 +58,14 @@ class Supervisor:
         self.engines: LocalEngines | None = None
         self.gateway = None
         self._announced = False
+        self.gave_up: LocalEngine | None = None
+
+    def _on_give_up(self, engine: LocalEngine) -> None:
+        self.gave_up = engine
+        self.console.log("up", f"{engine.name} ended {engine.failed_starts} times without getting ready "
+                               f"(last: {engine.last_exit}) and no engine of this run has served: giving up; "
+                               f"its errors are above")
+        self.stop_requested.set()
 
     def _on_engine(self, engine: LocalEngine) -> None:
         notes = []
@@ -133,16 +114,18 @@ class Supervisor:
             return 1
         # This run's engine key and cache hash seed, 256 random bits each; never printed.
         api_key, hash_seed = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        app = create_app(GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
+        gateway_config = GatewayConfig(supervised=True, host=c.host, port=c.port, routing=c.routing,
                                        hold_timeout=c.hold_timeout, autoscale=c.autoscale, route_headers=c.route_headers,
                                        scrape_interval=c.scrape_interval, engine_api_key=api_key,
-                                       observability=c.observability))
-        self.gateway = app.state.gateway
-        self.engines = LocalEngines(self.gateway.endpoints, c.engine_args, on_change=self._on_engine,
-                                    on_log=self.console.log, drain_timeout=c.drain_timeout, api_key=api_key,
+                                       observability=c.observability)
+        # The engines fill the gateway's endpoint set and are its autoscaler's scale target.
+        endpoints = EndpointSet(gateway_config.eject_after_failures, gateway_config.eject_seconds)
+        self.engines = LocalEngines(endpoints, c.engine_args, on_change=self._on_engine,
+                                    on_log=self.console.log, on_give_up=self._on_give_up, drain_timeout=c.drain_timeout, api_key=api_key,
                                     hash_seed=hash_seed)
-        if c.autoscale is not None:
-            self.gateway.scale_target = self.engines
+        app = create_app(gateway_config, endpoints=endpoints,
+                         scale_target=self.engines if c.autoscale is not None else None)
+        self.gateway = app.state.gateway
         self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")
         server = _quiet_server(uvicorn.Config(app, host=c.host, port=c.port, log_config=None,
                                               access_log=False, timeout_graceful_shutdown=5))
@@ -163,6 +146,8 @@ class Supervisor:
                 stopped.cancel()
             if serving.done() and not self.stop_requested.is_set():
                 code = 1   # the gateway could not start or stopped by itself (port in use?)
+            if self.gave_up is not None:
+                code = 1
             self.console.log("up", "stopping: gateway first, then draining the engines")
             self.console.set_state("gateway", "draining", f"http://{c.host}:{c.port}")
             server.should_exit = True

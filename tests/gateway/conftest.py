@@ -161,10 +161,10 @@ MODEL_NAME = "tiny"
 @pytest.fixture(scope="session")
 def engine_model_args(tmp_path_factory, small_tokenizer_files) -> list[str]:
     """`pagedkube serve` model flags: the built-in model; until it is committed,
-    a random tiny Qwen2 from tests/model_factory.py with the small tokenizer."""
+    a random tiny Qwen2 from tests/helpers/model_factory.py with the small tokenizer."""
     if (BUILTIN_TINY / "model.safetensors").is_file():
         return ["--served-model-name", MODEL_NAME]
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from model_factory import make_tiny_model
 
     path = tmp_path_factory.mktemp("model") / "qwen2"

@@ -5,7 +5,7 @@ import pytest
 
 from pagedkube.gateway.discovery import SliceSet, normalize_url, slice_endpoints
 from pagedkube.gateway.endpoints import EndpointSet
-from pagedkube.gateway.engine_watch import parse_engine_load
+from pagedkube.gateway.engine_metrics import EngineScrape, parse_engine_metrics
 from pagedkube.gateway.metrics import SSEUsageScanner
 
 A, B, C = "http://a:8000", "http://b:8000", "http://c:8000"
@@ -130,12 +130,26 @@ def test_metrics_show_both_halves_of_each_load():
     assert ("pagedkube_gateway_endpoint_other_requests", B) in samples
 
 
-def test_parse_engine_load_sums_label_sets():
+def test_parse_engine_metrics_sums_label_sets():
     text = ('# HELP vllm:num_requests_waiting Requests waiting\n# TYPE vllm:num_requests_waiting gauge\n'
             'vllm:num_requests_waiting{model_name="a"} 3.0\nvllm:num_requests_waiting{model_name="b"} 2.0\n'
             'vllm:num_requests_running{model_name="a"} 7.0\nvllm:num_requests_waiting_by_reason 9\n'
-            'vllm:num_requests_running 1\n')
-    assert parse_engine_load(text) == (8, 5) and parse_engine_load("") == (0, 0)
+            'vllm:num_requests_running 1\n'
+            'vllm:prefix_cache_hits_total{model_name="a"} 40.0\nvllm:prefix_cache_hits_total{model_name="b"} 2\n'
+            'vllm:prefix_cache_hits_created 1.7e9\nvllm:prefix_cache_hits_total{model_name="c"} NaN-ish\n')
+    assert parse_engine_metrics(text) == EngineScrape(running=8, waiting=5, prefix_cache_hits=42.0)
+    # absent: no load, and no hits at all (an engine that does not export them is not "worth 0")
+    assert parse_engine_metrics("") == EngineScrape(0, 0, None)
+
+
+def test_the_scrape_lands_in_the_endpoint_set_for_router_and_autoscaler():
+    eps = EndpointSet()
+    eps.update({A: "ready"})
+    scrape = parse_engine_metrics("vllm:num_requests_running 2\nvllm:num_requests_waiting 3\n"
+                                  "vllm:prefix_cache_hits_total 64\n")
+    eps.set_scraped(A, scrape.running, scrape.waiting, 1, scrape.prefix_cache_hits)
+    e = eps.get(A)
+    assert (e.waiting, e.others, e.prefix_cache_hits, eps.loads()) == (3, 4, 64.0, {A: 4})
 
 
 def test_sse_usage_scanner_reads_usage_split_across_chunks():

@@ -1,6 +1,6 @@
 """512 clients at once through one gateway process (uvicorn on uvloop, as
 `pagedkube gateway` runs) in front of an upstream that answers at once
-(tests/fake_upstream.py): every request answered 200, every one counted, and
+(tests/helpers/fake_upstream.py): every request answered 200, every one counted, and
 nothing left in flight. The engine's own behaviour under such load is
 tests/server's; this is the gateway's connection handling and bookkeeping."""
 from __future__ import annotations

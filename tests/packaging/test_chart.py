@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -273,7 +274,16 @@ def test_notes_explain_first_steps(helm):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     notes = result.stdout[result.stdout.index("NOTES:"):]
-    for needle in ("kind: LLMService", "builtin://tiny", "kubectl port-forward svc/tiny 8080:80",
+    # The LLMService the notes apply is the repository's first example (same name, model, replicas).
+    block = notes[notes.index("kubectl apply -f -\n") + len("kubectl apply -f -\n"):]
+    shown = yaml.safe_load(textwrap.dedent(block[:block.index("  YAML\n")]))
+    example = yaml.safe_load((ROOT / "manifests" / "examples" / "llmservice.yaml").read_text())
+    assert shown["kind"] == example["kind"] == "LLMService"
+    assert shown["metadata"]["name"] == example["metadata"]["name"]
+    for key in ("model", "replicas"):
+        assert shown["spec"][key] == example["spec"][key], key
+    name, model = example["metadata"]["name"], example["spec"]["model"]["name"]
+    for needle in (f"kubectl port-forward svc/{name} 8080:80", f'"model": "{model}"',
                    "/v1/chat/completions", "from openai import OpenAI", 'grafana_dashboard="1"',
-                   "deployment/t-pagedkube-operator"):
+                   "deployment/t-pagedkube-operator", "builtin://tiny"):
         assert needle in notes, needle

@@ -37,7 +37,7 @@ _ENGINE_STATE = re.compile(r"^status +\| (engine-\d+) +(\w+) +(http://\S+)", re.
 
 
 class Up(up_process.Up):
-    """`pagedkube up` as a user runs it, its output in a file (tests/up_process.py), and
+    """`pagedkube up` as a user runs it, its output in a file (tests/helpers/up_process.py), and
     the engines its status lines name."""
 
     def engines(self) -> dict[str, tuple[str, str]]:

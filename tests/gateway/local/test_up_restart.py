@@ -117,3 +117,25 @@ def test_a_dead_core_and_then_a_wedged_engine_are_each_replaced(tmp_path):
         pids = server_pids(up)
         assert_stopped_cleanly(up, 1)
         assert not [p for p in pids if alive(p)]
+
+
+def test_an_engine_that_never_gets_ready_stops_up_with_exit_1(tmp_path):
+    """A model file the engine cannot read: every start exits before ready. After
+    RestartPolicy.give_up_after such starts, with no engine of the run ever ready, `up`
+    says so and exits 1 (instead of restarting for ever), leaving no engine behind."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    up = Up(tmp_path, "--replicas", "1", model=str(bad))
+    try:
+        code = up.proc.wait(RESTART_TIMEOUT_S + 60)
+    finally:
+        pids = up.engine_pids()
+        up.stop()
+    text = up.text()
+    assert code == 1, text[-3000:]
+    assert "cannot read GGUF file" in text, text[-3000:]   # the engine's own error is shown
+    assert re.search(r"^up +\| engine-0 ended 3 times without getting ready \(last: exited with code \d+\)"
+                     r" and no engine of this run has served: giving up", text, re.M), text[-3000:]
+    assert len(re.findall(r"^engine-0 \| INFO: +Started server process", text, re.M)) <= 3
+    assert "all stopped" in text
+    assert not [pid for pid in pids.values() if alive(pid)], f"orphan engines: {pids}"

@@ -1,5 +1,5 @@
 """`pagedkube up` as a child process, for the tests that run it as a user does
-(tests/autoscale/test_up_autoscale.py, test_up_restart.py)."""
+(tests/gateway/local/test_up_autoscale.py, test_up_restart.py)."""
 from __future__ import annotations
 
 import os

@@ -9,13 +9,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
-from pagedkube.gateway.autoscaler.hold import HoldQueue
+from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import NOT_READY, READY, EndpointSet
 from pagedkube.gateway.errors import GatewayError
 
-A = "http://127.0.0.1:9001"
+A, B, C = "http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"
 
 
 class RecordingTarget:
@@ -105,3 +105,25 @@ def test_autoscaler_and_up_import_without_torch_fastapi_or_kubernetes_at_import(
             "print(sorted(m for m in ('torch', 'kubernetes', 'fastapi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_cache_worth_comes_from_the_engine_watchers_scrape():
+    """No scrape of its own: each tick reads the hits the engine watcher left in the EndpointSet."""
+    async def scenario():
+        endpoints = EndpointSet()
+        endpoints.update({A: READY, B: READY, C: READY})
+        ticks = iter([0.0, 10.0])
+        auto = Autoscaler(AutoscalerConfig(min_replicas=3, max_replicas=3, target_queue_depth=1), endpoints,
+                          HoldQueue(endpoints, timeout=0, max_held=0), RecordingTarget(3),
+                          AutoscalerMetrics(CollectorRegistry()), clock=lambda: next(ticks))
+        endpoints.set_scraped(A, 0, 0, 0, prefix_cache_hits=100.0)
+        endpoints.set_scraped(B, 0, 0, 0, prefix_cache_hits=7.0)
+        await auto.tick()
+        endpoints.set_scraped(A, 0, 0, 0, prefix_cache_hits=160.0)
+        endpoints.set_scraped(B, 0, 0, 0, prefix_cache_hits=7.0)   # C never exported hits
+        await auto.tick()
+        return {u: auto.worth.recent_hits(u) for u in (A, B, C)}, auto.worth.least_worth([A, B, C], 2)
+
+    worth, least = asyncio.run(scenario())
+    assert worth == {A: 60.0, B: 0.0, C: 0.0}
+    assert least == [C, B]

@@ -10,23 +10,18 @@ installed, never in CI (CI=1 turns that skip into a failure).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import pytest
 import torch
 
-from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS, resolve_model_source
+from default_model import require_default_model
+from pagedkube.model_source import DEFAULT_MODEL, resolve_model_source
 
 # ~2 minutes on an idle 2-core CI machine; the limit leaves room for a shared one
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 MAX_TOKENS = 24          # short: 16 x 24 greedy tokens of HF generate take ~40 s on 2 cores
 TOKEN_BUDGET = 48        # max_num_batched_tokens: prompts run 40-200 tokens, so every one is chunked
-if importlib.util.find_spec(NAMED_MODELS[DEFAULT_MODEL].package) is None:
-    if os.environ.get("CI"):
-        raise RuntimeError(f"CI must run the real-model tests: `make install` installs {NAMED_MODELS[DEFAULT_MODEL].requirement}")
-    pytest.skip(f"{NAMED_MODELS[DEFAULT_MODEL].requirement} is not installed (make install installs it)",
-                allow_module_level=True)
+require_default_model()
 
 SYSTEM = ("You are Pawly, a friendly pet-care companion. Answer questions about dogs and cats kindly and "
           "briefly. Always suggest a visit to the vet when symptoms sound serious.")

@@ -21,6 +21,6 @@ def test_a_long_ready_run_resets_the_backoff_a_short_one_does_not() -> None:
 def test_policy_numbers_are_checked() -> None:
     RestartPolicy(initial_backoff_s=0.5, max_backoff_s=0.5, health_failures=1)
     for bad in ({"initial_backoff_s": 0}, {"initial_backoff_s": 40}, {"health_failures": 0},
-                {"health_period_s": 0}, {"reset_after_s": -1}):
+                {"health_period_s": 0}, {"reset_after_s": -1}, {"give_up_after": 0}):
         with pytest.raises(ValueError):
             RestartPolicy(**bad)

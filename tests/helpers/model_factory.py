@@ -25,7 +25,7 @@ import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-BUILTIN_TINY = Path(__file__).resolve().parents[1] / "pagedkube" / "builtin" / "tiny"
+BUILTIN_TINY = Path(__file__).resolve().parents[2] / "pagedkube" / "builtin" / "tiny"
 
 _COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                vocab_size=512, max_position_embeddings=512, rms_norm_eps=1e-6,

@@ -1,6 +1,6 @@
 """An engine factory with one injected fault, for tests/server/test_engine_faults.py.
 
-It lives in a plain module on sys.path (pyproject: pythonpath = ["tests"]) because the
+It lives in a plain module on sys.path (pyproject: pythonpath = ["tests/helpers"]) because the
 engine core runs in a spawned process that imports the factory by name; a function
 in a test module loaded with --import-mode=importlib cannot be imported there.
 """

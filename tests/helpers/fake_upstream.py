@@ -16,7 +16,7 @@ import uvicorn
 from pagedkube import hashing
 from pagedkube.tokenizer import TOKENIZER_FILES
 
-BUILTIN = Path(__file__).resolve().parents[1] / "pagedkube" / "builtin" / "tiny"
+BUILTIN = Path(__file__).resolve().parents[2] / "pagedkube" / "builtin" / "tiny"
 
 
 class FakeEngine:

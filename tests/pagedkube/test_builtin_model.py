@@ -12,7 +12,7 @@ import pytest
 from pagedkube.builtin import BUILTIN_MODELS, TINY, builtin_model_dir, resolve_model
 from pagedkube.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "scripts" / "data" / "petcare_corpus.txt"
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "generation_config.json", "README.md")
