@@ -27,18 +27,21 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm
 
 
 class PhaseTimer:
-    """Wraps a bound method so every call's wall time is appended to times[name]."""
+    """Wraps a bound method so every call's time is appended to times[name]: wall time, or
+    with cpu=True this thread's CPU time (with 1 torch thread all the work runs on it, and CPU
+    time does not count the time other processes of a shared machine hold the core)."""
 
-    def __init__(self):
+    def __init__(self, cpu: bool):
         self.times: dict[str, list[float]] = defaultdict(list)
+        self.clock = time.thread_time if cpu else time.perf_counter
 
     def wrap(self, obj, attr: str, name: str) -> None:
-        inner = getattr(obj, attr)
+        inner, clock = getattr(obj, attr), self.clock
 
         def timed(*args, **kwargs):
-            t = time.perf_counter()
+            t = clock()
             result = inner(*args, **kwargs)
-            self.times[name].append(time.perf_counter() - t)
+            self.times[name].append(clock() - t)
             return result
         setattr(obj, attr, timed)
 
@@ -47,17 +50,17 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1e3, 2) if values else float("nan")
 
 
-def profile_forward(runner, batch, steps: int) -> dict[str, float]:
-    """ms per forward: wall, matmul ops' self time, other ops' self time, the rest."""
+def profile_forward(runner, batch, steps: int, clock) -> dict[str, float]:
+    """ms per forward: wall (or CPU) time, matmul ops' self time, other ops' self time, the rest."""
     from torch.profiler import ProfilerActivity, profile
     step = runner.prepare(batch)
     with torch.inference_mode():
         runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)   # warm
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t = time.perf_counter()
+            t = clock()
             for _ in range(steps):
                 runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)
-            wall = (time.perf_counter() - t) / steps
+            wall = (clock() - t) / steps
     matmul = other = 0.0
     for evt in prof.key_averages():
         if not evt.key.startswith("aten::"):
@@ -83,7 +86,7 @@ def run(model: str, dtype: str, args) -> dict:
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, max_model_len=args.prompt_tokens + args.steps + 64,
                                     **extra))
     load_s = time.perf_counter() - t
-    timer = PhaseTimer()
+    timer = PhaseTimer(cpu=args.cpu_time)
     runner = engine.runner
     timer.wrap(engine, "_step", "engine_step")
     timer.wrap(runner, "execute", "runner_execute")
@@ -108,7 +111,7 @@ def run(model: str, dtype: str, args) -> dict:
     row["decode_tok_s"] = round(1e3 / row["engine_step_ms"], 1)
     if args.profile_steps:
         seq = profile_seq(engine, prompt)
-        row.update(profile_forward(runner, [ScheduledSeq(seq, 1)], args.profile_steps))
+        row.update(profile_forward(runner, [ScheduledSeq(seq, 1)], args.profile_steps, timer.clock))
     return row
 
 
@@ -131,10 +134,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--profile-steps", type=int, default=8)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with this thread's CPU time (use with --threads 1 on a shared machine)")
     ap.add_argument("--compile", action="store_true", help="run the engine with enforce_eager=False")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} threads, model {args.model}")
+    clock = "thread CPU time" if args.cpu_time else "wall time"
+    print(f"torch {torch.__version__}, {args.threads} threads, {clock}, model {args.model}")
     for dtype in args.dtype or ["float32", "bfloat16"]:
         print(run(args.model, dtype, args), flush=True)
 

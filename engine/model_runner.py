@@ -39,6 +39,8 @@ DEFAULT_CPU_KV_BYTES = 512 * 2**20
 # gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
 # activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
 CUDA_FREE_MEMORY_FRACTION = 0.9
+# GGUF types whose numbers are Int8Weight/Int4Weight exactly (engine/quant/formats.py).
+PACKED_GGUF_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q4_K"})
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,6 +72,23 @@ def resolve_model_dir(model: str | None) -> str:
     return str(resolve_model_source(model).path)
 
 
+def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig) -> bool:
+    """Whether the projections will hold packed int8/int4 weights (engine/quant): asked for
+    with quantization int8/int4, or "auto" on a GGUF file whose layers are stored in a type
+    that maps onto them exactly (engine/quant/formats.py's table)."""
+    quantization = getattr(config, "quantization", None)   # None: this build serves float weights only
+    if quantization in (None, "none"):
+        return False
+    if quantization != "auto":
+        return True
+    if model_config.gguf_file is None:
+        return False
+    from pagedkube.engine.gguf.reader import GGUFFile
+
+    types = GGUFFile(model_config.gguf_file).tensor_types()
+    return any(kind in PACKED_GGUF_TYPES for name, kind in types.items() if name.startswith("blk."))
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor      # [T]
@@ -84,7 +103,8 @@ class ModelRunner:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config,
+                                   quantized=serves_quantized_weights(config, self.model_config))
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
