@@ -16,6 +16,7 @@ docs/benchmarks.md, "Decode step (CPU)".
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections import defaultdict
@@ -50,18 +51,21 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1e3, 2) if values else float("nan")
 
 
-def profile_forward(runner, batch, steps: int, clock) -> dict[str, float]:
-    """ms per forward: wall (or CPU) time, matmul ops' self time, other ops' self time, the rest."""
+def profile_forward(runner, batch, steps: int) -> dict[str, float]:
+    """Shares of a forward's wall time under torch.profiler: matmul ops' self time, the other
+    aten ops' self time, and the rest (Python, module calls, dispatch above the ops). Shares, not
+    ms: the profiler's clock is wall time, which a shared machine inflates."""
     from torch.profiler import ProfilerActivity, profile
     step = runner.prepare(batch)
     with torch.inference_mode():
         runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)   # warm
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            t = clock()
+            t = time.perf_counter()
             for _ in range(steps):
                 runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)
-            wall = (clock() - t) / steps
+            wall_us = (time.perf_counter() - t) * 1e6
     matmul = other = 0.0
+    calls = 0
     for evt in prof.key_averages():
         if not evt.key.startswith("aten::"):
             continue
@@ -69,50 +73,58 @@ def profile_forward(runner, batch, steps: int, clock) -> dict[str, float]:
             matmul += evt.self_cpu_time_total
         else:
             other += evt.self_cpu_time_total
-    matmul, other = matmul / steps / 1e3, other / steps / 1e3
-    ms = wall * 1e3
-    return {"forward_ms": round(ms, 2), "matmul_ms": round(matmul, 2), "other_ops_ms": round(other, 2),
-            "outside_ops_ms": round(ms - matmul - other, 2), "matmul_share": round(matmul / ms, 3)}
+        calls += evt.count
+    return {"matmul_share": round(matmul / wall_us, 3), "other_ops_share": round(other / wall_us, 3),
+            "outside_ops_share": round(1 - (matmul + other) / wall_us, 3),
+            "aten_calls_per_forward": calls // steps}
 
 
-def run(model: str, dtype: str, args) -> dict:
-    from pagedkube.engine.config import EngineConfig
-    from pagedkube.engine.llm_engine import LLMEngine
-    from pagedkube.engine.sampling_params import SamplingParams
-    from pagedkube.engine.sequence import ScheduledSeq
+class Probe:
+    """One engine (one dtype / capture setting) with its phases timed."""
 
-    extra = {"enforce_eager": False} if args.compile else {}
-    t = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=model, dtype=dtype, max_model_len=args.prompt_tokens + args.steps + 64,
-                                    **extra))
-    load_s = time.perf_counter() - t
-    timer = PhaseTimer(cpu=args.cpu_time)
-    runner = engine.runner
-    timer.wrap(engine, "_step", "engine_step")
-    timer.wrap(runner, "execute", "runner_execute")
-    timer.wrap(runner, "prepare", "prepare")
-    timer.wrap(runner.model, "forward", "forward")
-    timer.wrap(runner.model, "compute_logits", "lm_head")
-    timer.wrap(runner, "sampler", "sampler")      # execute() only calls it: a plain function stands in
-    vocab = engine.vocab_size
-    prompt = [(7 * i + 3) % (vocab - 10) + 5 for i in range(args.prompt_tokens)]
-    engine.add_request("probe", prompt, SamplingParams(max_tokens=args.steps + 1, temperature=0.0, ignore_eos=True))
-    engine.step_deltas()                                   # the prefill
-    prefill_ms = timer.times["engine_step"][-1] * 1e3
-    for values in timer.times.values():
-        values.clear()
-    while engine.has_unfinished_requests():
-        engine.step_deltas()
-    row = {"dtype": dtype, "compile": args.compile, "load_s": round(load_s, 1), "prefill_ms": round(prefill_ms, 1),
-           "prefill_tokens": args.prompt_tokens}
-    for name in ("engine_step", "runner_execute", "prepare", "forward", "lm_head", "sampler"):
-        row[name + "_ms"] = _median_ms(timer.times[name][1:])
-    row["outside_runner_ms"] = round(row["engine_step_ms"] - row["runner_execute_ms"], 2)
-    row["decode_tok_s"] = round(1e3 / row["engine_step_ms"], 1)
-    if args.profile_steps:
-        seq = profile_seq(engine, prompt)
-        row.update(profile_forward(runner, [ScheduledSeq(seq, 1)], args.profile_steps, timer.clock))
-    return row
+    def __init__(self, model: str, dtype: str, capture: bool, args):
+        from pagedkube.engine.config import EngineConfig
+        from pagedkube.engine.llm_engine import LLMEngine
+
+        extra = {"enforce_eager": False} if capture else {}
+        t = time.perf_counter()
+        self.engine = LLMEngine(EngineConfig(model=model, device=args.device, dtype=dtype,
+                                             max_model_len=args.prompt_tokens + args.steps + 64,
+                                             enable_prefix_caching=False, **extra))   # every round prefills
+        self.label = {"dtype": dtype, "capture": capture, "load_s": round(time.perf_counter() - t, 1)}
+        self.timer = PhaseTimer(cpu=args.cpu_time)
+        engine, runner = self.engine, self.engine.runner
+        self.timer.wrap(engine, "_step", "engine_step")
+        self.timer.wrap(runner, "execute", "runner_execute")
+        self.timer.wrap(runner, "prepare", "prepare")
+        self.timer.wrap(runner.model, "forward", "forward")
+        self.timer.wrap(runner.model, "compute_logits", "lm_head")
+        self.timer.wrap(runner, "sampler", "sampler")      # execute() only calls it: a plain function stands in
+        vocab = engine.vocab_size
+        self.prompt = [(7 * i + 3) % (vocab - 10) + 5 for i in range(args.prompt_tokens)]
+        self.rounds = 0
+
+    def round(self, steps: int) -> dict:
+        """One request: its prefill, then `steps` decode steps; medians of this round."""
+        from pagedkube.engine.sampling_params import SamplingParams
+        engine, times = self.engine, self.timer.times
+        self.rounds += 1
+        engine.add_request(f"probe{self.rounds}", self.prompt,
+                           SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
+        for values in times.values():
+            values.clear()
+        engine.step_deltas()                                   # the prefill
+        row = {**self.label, "prefill_ms": round(times["engine_step"][-1] * 1e3, 1),
+               "prefill_tokens": len(self.prompt)}
+        for values in times.values():
+            values.clear()
+        while engine.has_unfinished_requests():
+            engine.step_deltas()
+        for name in ("engine_step", "runner_execute", "prepare", "forward", "lm_head", "sampler"):
+            row[name + "_ms"] = _median_ms(times[name][1:])
+        row["outside_runner_ms"] = round(row["engine_step_ms"] - row["runner_execute_ms"], 2)
+        row["decode_tok_s"] = round(1e3 / row["engine_step_ms"], 1)
+        return row
 
 
 def profile_seq(engine, prompt):
@@ -129,20 +141,38 @@ def profile_seq(engine, prompt):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", action="append", help="repeatable; default float32 and bfloat16")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (2: this machine's cores)")
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, interleaved across the engines")
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with this thread's CPU time (use with --threads 1 on a shared machine)")
-    ap.add_argument("--compile", action="store_true", help="run the engine with enforce_eager=False")
+    ap.add_argument("--capture", action="store_true",
+                    help="also an engine with enforce_eager=False (CUDA graphs / torch.compile)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = "thread CPU time" if args.cpu_time else "wall time"
-    print(f"torch {torch.__version__}, {args.threads} threads, {clock}, model {args.model}")
-    for dtype in args.dtype or ["float32", "bfloat16"]:
-        print(run(args.model, dtype, args), flush=True)
+    print(f"torch {torch.__version__}, {args.threads} threads, {clock}, model {args.model}, device {args.device}")
+    probes = [Probe(args.model, dtype, capture, args) for dtype in args.dtype or ["float32", "bfloat16"]
+              for capture in ((False, True) if args.capture else (False,))]
+    best: dict[int, dict] = {}
+    for r in range(args.rounds):
+        for i, probe in enumerate(probes):
+            row = probe.round(args.steps)
+            print(f"round {r}", row, flush=True)
+            if i not in best or row["engine_step_ms"] < best[i]["engine_step_ms"]:
+                best[i] = row
+    print("best round per engine (lowest decode step median):")
+    for i, probe in enumerate(probes):
+        row = best[i]
+        if args.profile_steps:
+            from pagedkube.engine.sequence import ScheduledSeq
+            seq = profile_seq(probe.engine, probe.prompt)
+            row.update(profile_forward(probe.engine.runner, [ScheduledSeq(seq, 1)], args.profile_steps))
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
