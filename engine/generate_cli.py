@@ -6,8 +6,9 @@ import sys
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.config import DEVICES, DTYPES, EngineConfig
 from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.model_source import MODEL_FLAG_HELP
 
 
 def _sampling(name: str) -> Any:
@@ -19,7 +20,7 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate a completion offline (no server)",
                               description="Run the paged-KV engine once on a prompt and print the completion.")
     p.add_argument("--prompt", required=True, help="the prompt text (the user message with --chat)")
-    p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
+    p.add_argument("--model", default=None, help=MODEL_FLAG_HELP)
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     p.add_argument("--max-tokens", type=int, default=32)   # a CLI choice: a readable answer (SamplingParams: 16)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default here)")
@@ -28,8 +29,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=_sampling("seed"))
     p.add_argument("--n", type=int, default=_sampling("n"), help="number of samples")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--device", default=default_of(EngineConfig, "device"), choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default=default_of(EngineConfig, "dtype"), choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--device", default=default_of(EngineConfig, "device"), choices=DEVICES)
+    p.add_argument("--dtype", default=default_of(EngineConfig, "dtype"), choices=DTYPES)
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.set_defaults(func=run_generate)
     return p

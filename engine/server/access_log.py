@@ -12,10 +12,9 @@ so the engine loop and core process need no hook.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,8 +51,8 @@ def observe_generation(request: Any, gen: Any) -> None:
     """_respond's hook, before gen.start(): follow the deltas of this generation.
 
     The deltas go to the streaming and the collecting paths through gen.updates();
-    this replaces it, on this one instance, with a generator that passes every
-    delta through unchanged and notes what the access line needs."""
+    gen.observe() has it call `note` with each one as it passes (unchanged), and
+    `note` keeps what the access line needs."""
     record: EngineAccess | None = request.scope.get(SCOPE_KEY)
     if record is None:
         return
@@ -61,30 +60,26 @@ def observe_generation(request: Any, gen: Any) -> None:
     record.completion_id = gen.request_id
     record.prompt_tokens = sum(len(ids) for ids in gen.prepared.prompt_ids)
     record.completion_tokens = 0
-    inner = gen.updates
     cached: dict[int, int] = {}
     reasons: set[str] = set()
 
-    async def updates() -> AsyncIterator[tuple[int, Any]]:
-        async with contextlib.aclosing(inner()) as source:
-            async for prompt_idx, delta in source:
-                now = time.monotonic()
-                scheduled = delta.first_scheduled_time
-                if scheduled is not None and (record._scheduled is None or scheduled < record._scheduled):
-                    record._scheduled = scheduled
-                new_tokens = sum(len(s.token_ids) for s in delta.samples)
-                if new_tokens and record._first_token is None:
-                    record._first_token = now
-                record.completion_tokens += new_tokens
-                reasons.update(s.finish_reason for s in delta.samples if s.finish_reason)
-                record.finish_reason = ",".join(sorted(reasons)) or None
-                cached[prompt_idx] = delta.num_cached_tokens or 0
-                record.cached_tokens = sum(cached.values())
-                if delta.finished:
-                    record._finished = now
-                yield prompt_idx, delta
+    def note(prompt_idx: int, delta: Any) -> None:
+        now = time.monotonic()
+        scheduled = delta.first_scheduled_time
+        if scheduled is not None and (record._scheduled is None or scheduled < record._scheduled):
+            record._scheduled = scheduled
+        new_tokens = sum(len(s.token_ids) for s in delta.samples)
+        if new_tokens and record._first_token is None:
+            record._first_token = now
+        record.completion_tokens += new_tokens
+        reasons.update(s.finish_reason for s in delta.samples if s.finish_reason)
+        record.finish_reason = ",".join(sorted(reasons)) or None
+        cached[prompt_idx] = delta.num_cached_tokens or 0
+        record.cached_tokens = sum(cached.values())
+        if delta.finished:
+            record._finished = now
 
-    gen.updates = updates
+    gen.observe(note)
 
 
 class EngineAccessMiddleware:

@@ -12,7 +12,9 @@ in the gateway's stream_errors_total.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pagedkube.response_status import call_and_report_status
 
 KNOWN_HANDLERS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
                   "/health", "/ready", "/metrics", "/v1/cache/config", "/v1/cache/events", "/v1/cache/tokenizer")
@@ -37,16 +39,10 @@ class CountHTTPResponses:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500   # an app that raised before answering: the server sends a 500
 
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch)
-        finally:
+        def count(status: int | None, raised: bool) -> None:
+            status = status or 500   # an app that never answered: the server sends a 500
             self.requests.labels(handler_label(scope.get("path", "")), scope.get("method", ""),
                                  f"{status // 100}xx").inc()
+
+        await call_and_report_status(self.app, scope, receive, send, count)

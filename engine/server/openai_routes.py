@@ -15,8 +15,8 @@ from pagedkube.engine.server.errors import APIError, sse_error_event
 from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
-from pagedkube.engine.server.serving import (ClientDisconnected, Generation, collect, new_request_id, prepare,
-                                             prepare_chat, prepare_completion, render_chat, tokenizer_for)
+from pagedkube.engine.server.serving import (ClientDisconnected, Generation, Prepared, collect, new_request_id,
+                                             prepare, render_chat, tokenizer_for)
 from pagedkube.engine.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -68,14 +68,20 @@ async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Re
     return JSONResponse(fmt.final(outs))
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request) -> Response:
+async def _checked_and_prepared(request: Request, body: CompletionRequest | ChatCompletionRequest) \
+        -> tuple[ServerState, Prepared]:
+    """The checks every generation request passes, then its prompt tokenized and its limits applied."""
     state = _state(request)
     state.check_accepting()
     state.check_model(body.model)
     body.check_supported()
     state.warn_unknown_fields(body)
-    prepared = await prepare(state, prepare_completion, body)
+    return state, await prepare(state, body)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state, prepared = await _checked_and_prepared(request, body)
     request_id = new_request_id("cmpl")
     fmt = CompletionFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n,
                               logprobs=body.logprobs, echo=body.echo)
@@ -84,12 +90,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state = _state(request)
-    state.check_accepting()
-    state.check_model(body.model)
-    body.check_supported()
-    state.warn_unknown_fields(body)
-    prepared = await prepare(state, prepare_chat, body)
+    state, prepared = await _checked_and_prepared(request, body)
     request_id = new_request_id("chatcmpl")
     top = (body.top_logprobs or 0) if body.logprobs else None
     last = body.messages[-1].to_template()

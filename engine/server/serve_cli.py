@@ -12,8 +12,9 @@ import re
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.config import DEVICES, DTYPES, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.model_source import MODEL_FLAG_HELP
 from pagedkube.observability import add_observability_args, observability_from_args
 
 logger = logging.getLogger("pagedkube.serve")
@@ -46,12 +47,12 @@ def _engine(name: str) -> Any:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
-    p.add_argument("--model", default=None, help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")
+    p.add_argument("--model", default=None, help=MODEL_FLAG_HELP)
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
     p.add_argument("--host", default=_server("host"))
     p.add_argument("--port", type=int, default=_server("port"))
-    p.add_argument("--device", default=_engine("device"), choices=("auto", "cpu", "cuda"))
-    p.add_argument("--dtype", default=_engine("dtype"), choices=("auto", "float32", "float16", "bfloat16"))
+    p.add_argument("--device", default=_engine("device"), choices=DEVICES)
+    p.add_argument("--dtype", default=_engine("dtype"), choices=DTYPES)
     p.add_argument("--block-size", type=int, default=_engine("block_size"))
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")

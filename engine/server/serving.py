@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from dataclasses import dataclass
@@ -142,7 +143,7 @@ def tokenizer_for(state: ServerState, field: str) -> Any:
     return state.info.tokenizer
 
 
-def prepare_completion(state: ServerState, req: CompletionRequest, inline: bool = True) -> Prepared:
+def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
     tokenizer = state.info.tokenizer
     add_special = True if req.add_special_tokens is None else req.add_special_tokens
     prompt_ids, prompt_texts = [], []
@@ -222,14 +223,17 @@ def _text_size(req: CompletionRequest | ChatCompletionRequest) -> int:
     return sum(len(p) for p in prompt if isinstance(p, str))
 
 
-async def prepare(state: ServerState, fn: Callable[..., Prepared], req: Any) -> Prepared:
-    """fn(state, req) inline for ordinary prompts; for a huge one in the server's worker
-    pool (bounded: its few threads queue the rest), so the event loop keeps serving."""
+async def prepare(state: ServerState, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
+    """prepare_completion / prepare_chat inline for ordinary prompts; for a huge one in the
+    server's worker pool (bounded: its few threads queue the rest), so the event loop keeps serving."""
+    chat = isinstance(req, ChatCompletionRequest)
     size = _text_size(req)
     if size <= INLINE_PREPARE_CHARS:
-        return fn(state, req)
+        return prepare_chat(state, req) if chat else prepare_completion(state, req)
     logger.info("a prompt of %d characters: tokenizing it in a worker thread", size)
-    return await asyncio.get_running_loop().run_in_executor(state.workers, fn, state, req, False)
+    work = functools.partial(prepare_chat, state, req, inline=False) if chat else \
+        functools.partial(prepare_completion, state, req)
+    return await asyncio.get_running_loop().run_in_executor(state.workers, work)
 
 
 class Generation:
@@ -243,6 +247,12 @@ class Generation:
         self._pending = set(self.engine_ids)
         self._stream: RequestStream | None = None
         self._closed = False
+        self._observers: list[Callable[[int, RequestDelta], None]] = []
+
+    def observe(self, observer: Callable[[int, RequestDelta], None]) -> None:
+        """observer(prompt index, delta) is called with every delta as updates() hands it on,
+        before the consumer sees it (the access log's hook: engine/server/access_log.py)."""
+        self._observers.append(observer)
 
     def start(self) -> None:
         """Submits the requests; raises APIError 503 when draining or the queue is full."""
@@ -270,6 +280,8 @@ class Generation:
                                    code="shutting_down", headers={"Retry-After": "1"})
                 if item.finished:
                     self._pending.discard(item.request_id)
+                for observer in self._observers:
+                    observer(index[item.request_id], item)
                 yield index[item.request_id], item
 
     def close(self) -> None:

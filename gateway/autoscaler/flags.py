@@ -13,18 +13,20 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, kube: bool = True) -> None
     if kube:
         g.add_argument("--llmservice", metavar="NAME",
                        help="with --kube-service: the LLMService whose scale subresource to write")
-    g.add_argument("--min-replicas", type=int, default=1, help="fewest engines; 0 allows scale to zero (default 1)")
-    g.add_argument("--max-replicas", type=int, default=4, help="most engines (default 4)")
+    g.add_argument("--min-replicas", type=int, default=policy.DEFAULT_MIN_REPLICAS,
+                   help=f"fewest engines; 0 allows scale to zero (default {policy.DEFAULT_MIN_REPLICAS})")
+    g.add_argument("--max-replicas", type=int, default=policy.DEFAULT_MAX_REPLICAS,
+                   help=f"most engines (default {policy.DEFAULT_MAX_REPLICAS})")
     g.add_argument("--target-queue-depth", type=float, default=policy.DEFAULT_TARGET_QUEUE_DEPTH,
-                   help="target waiting requests per ready engine (default 4)")
+                   help=f"target waiting requests per ready engine (default {policy.DEFAULT_TARGET_QUEUE_DEPTH:g})")
     g.add_argument("--scale-up-window", type=float, default=policy.DEFAULT_SCALE_UP_WINDOW_S,
-                   help="seconds of scale-up stabilization (default 0, as HPA)")
+                   help=f"seconds of scale-up stabilization (default {policy.DEFAULT_SCALE_UP_WINDOW_S:g}, as HPA)")
     g.add_argument("--scale-down-window", type=float, default=policy.DEFAULT_SCALE_DOWN_WINDOW_S,
-                   help="seconds of scale-down stabilization (default 300, as HPA)")
+                   help=f"seconds of scale-down stabilization (default {policy.DEFAULT_SCALE_DOWN_WINDOW_S:g}, as HPA)")
     g.add_argument("--autoscale-interval", type=float, default=policy.DEFAULT_INTERVAL_S,
-                   help="seconds between autoscaler decisions (default 5)")
+                   help=f"seconds between autoscaler decisions (default {policy.DEFAULT_INTERVAL_S:g})")
     g.add_argument("--max-held", type=int, default=policy.DEFAULT_MAX_HELD,
-                   help="requests held at most while no engine is ready; more get 503 (default 256)")
+                   help=f"requests held at most while no engine is ready; more get 503 (default {policy.DEFAULT_MAX_HELD})")
 
 
 def autoscaler_config_from_args(args: argparse.Namespace) -> policy.AutoscalerConfig | None:

@@ -32,6 +32,8 @@ DEFAULT_TOLERANCE = 0.1
 DEFAULT_SCALE_UP_WINDOW_S = 0.0
 DEFAULT_SCALE_DOWN_WINDOW_S = 300.0
 DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # DESIGN.md §7 example
+DEFAULT_MIN_REPLICAS = 1           # one engine stays warm (0, scale to zero, is opt-in: a cold start costs minutes)
+DEFAULT_MAX_REPLICAS = 4           # DESIGN.md §7 example: a small fleet until the user says more
 # HPA syncs every 15 s; queue depth moves faster than CPU, and a scrape is cheap.
 DEFAULT_INTERVAL_S = 5.0
 # Scale from zero: how long a held request may wait for the first engine. A
@@ -43,8 +45,8 @@ DEFAULT_MAX_HELD = 256              # held requests beyond this get 503 at once
 
 @dataclass(slots=True)
 class AutoscalerConfig:
-    min_replicas: int = 1
-    max_replicas: int = 4
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int = DEFAULT_MAX_REPLICAS
     target_queue_depth: float = DEFAULT_TARGET_QUEUE_DEPTH
     scale_up_window: float = DEFAULT_SCALE_UP_WINDOW_S
     scale_down_window: float = DEFAULT_SCALE_DOWN_WINDOW_S

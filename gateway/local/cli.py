@@ -7,15 +7,18 @@ import sys
 from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.defaults import default_of
+from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
+from pagedkube.engine.config import DEVICES, DTYPES
 from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
+from pagedkube.model_source import MODEL_FLAG_HELP
 
 # `pagedkube serve` options passed through to every engine, as given.
 ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--model", dict(help="a Hugging Face model directory, a GGUF file, smollm2-135m-instruct or builtin://tiny (default: smollm2-135m-instruct)")),
+    ("--model", dict(help=MODEL_FLAG_HELP)),
     ("--served-model-name", dict(help="model name in the API (default: directory name)")),
-    ("--device", dict(choices=("auto", "cpu", "cuda"))),
-    ("--dtype", dict(choices=("auto", "float32", "float16", "bfloat16"))),
+    ("--device", dict(choices=DEVICES)),
+    ("--dtype", dict(choices=DTYPES)),
     ("--block-size", dict(type=int)),
     ("--num-kv-blocks", dict(type=int)),
     ("--kv-cache-memory", dict(help="bytes for each engine's KV pool (e.g. 512MiB)")),
@@ -48,7 +51,7 @@ def register(subparsers) -> None:
     p.add_argument("--route-headers", action="store_true",
                    help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
-                   help="seconds to hold requests while no engine is ready (default 0; 120 with --autoscale)")
+                   help=f"seconds to hold requests while no engine is ready (default 0; {DEFAULT_HOLD_TIMEOUT_S:g} with --autoscale)")
     engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")
     for flag, kwargs in ENGINE_OPTIONS:
         engine.add_argument(flag, default=None, **kwargs)

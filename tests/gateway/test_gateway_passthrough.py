@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 
 import httpx
 import pytest
-import uvicorn
+
+from asgi_server import handled_lifespan, read_body, serve_in_thread
 
 pytestmark = pytest.mark.slow  # a real gateway process
 
@@ -25,10 +24,7 @@ JSON_BODY = b'{"weird":   "spacing",\n "usage": {"prompt_tokens_details": {"cach
 
 
 async def upstream_app(scope, receive, send):
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+    if await handled_lifespan(scope, receive, send):
         return
     path = scope["path"]
     if scope["method"] == "GET":
@@ -36,13 +32,7 @@ async def upstream_app(scope, receive, send):
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b""})
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    request = json.loads(body)
+    request = json.loads(await read_body(receive))
     if request.get("stream"):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"x-upstream", b"yes")]})
@@ -58,17 +48,8 @@ async def upstream_app(scope, receive, send):
 
 @pytest.fixture
 def upstream():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(upstream_app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
+    with serve_in_thread(upstream_app) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_stream_bytes_are_untouched(upstream, processes, metric, wait_until):

@@ -5,16 +5,14 @@ other events. Served by uvicorn in a thread of the test process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import socket
-import threading
-import time
 from pathlib import Path
-
-import uvicorn
 
 from pagedkube import hashing
 from pagedkube.tokenizer import TOKENIZER_FILES
+
+from asgi_server import handled_lifespan, read_body, serve_in_thread
 
 BUILTIN = Path(__file__).resolve().parents[2] / "pagedkube" / "builtin" / "tiny"
 
@@ -25,24 +23,14 @@ class FakeEngine:
         self.model = model
         self.files = {n: (BUILTIN / n).read_text() for n in TOKENIZER_FILES if (BUILTIN / n).is_file()}
         self.url = ""
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: contextlib.ExitStack | None = None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        if await handled_lifespan(scope, receive, send):
             return
         path = scope["path"]
         if scope["method"] == "POST":
-            size = 0
-            while True:
-                message = await receive()
-                size += len(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            self.events.append(f"upstream got {size}")
+            self.events.append(f"upstream got {len(await read_body(receive))}")
             body = {"id": "cmpl-fake", "object": "text_completion", "model": self.model, "choices": []}
         elif path == "/v1/cache/config":
             body = hashing.cache_config(16)
@@ -61,21 +49,11 @@ class FakeEngine:
         await send({"type": "http.response.body", "body": payload})
 
     def __enter__(self) -> "FakeEngine":
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(self, host="127.0.0.1", port=port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fake engine did not start")
-            time.sleep(0.02)
+        self._serving = contextlib.ExitStack()
+        port = self._serving.enter_context(serve_in_thread(self))
         self.url = f"http://127.0.0.1:{port}"
         return self
 
     def __exit__(self, *_) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        assert self._serving is not None
+        self._serving.close()

@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 
+from asgi_server import handled_lifespan, serve_in_thread
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits
 
 LIMIT = 1000
@@ -24,10 +22,7 @@ def error_body(status: int, message: str, code: str | None) -> dict:
 
 async def echo(scope, receive, send):
     """Answers the body it read and whether the server's receive() still gets through after it."""
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+    if await handled_lifespan(scope, receive, send):
         return
     first = await receive()
     assert first["type"] == "http.request" and first["more_body"] is False   # one message, replayed whole
@@ -41,19 +36,8 @@ async def echo(scope, receive, send):
 @pytest.fixture(scope="module")
 def server():
     app = BodyLimits(echo, max_bytes=LIMIT, read_timeout_s=READ_TIMEOUT_S, error=error_body)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield port
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(app) as port:
+        yield port
 
 
 def exchange(port: int, head: bytes, body: bytes = b"") -> tuple[int, dict, bytes]:
