@@ -1,6 +1,6 @@
-"""Where a batch-1 decode step's time goes, and what bf16 activations and capture change.
+"""Where a batch-1 decode step's time goes, and what bf16 activations and packed weights change.
 
-For each --dtype (default float32 and bfloat16) one engine on the default model runs a
+For each --quantization x --dtype (default float32 and bfloat16) one engine on the model runs a
 --prompt-tokens prefill and then --steps greedy decode steps of one request, timed per
 phase (the engine step, inside it the runner's prepare / model forward / lm_head / sampler,
 the rest is scheduler + output processing). Then torch.profiler over --profile-steps more
@@ -8,9 +8,10 @@ forwards splits the forward into matmul ops (aten::mm/addmm/linear and the int8/
 matmuls), the other aten ops, and what no op accounts for (Python, module calls, dispatch).
 
     .venv/bin/python bench/decode_step.py                              # smollm2-135m-instruct, 2 threads
-    .venv/bin/python bench/decode_step.py --dtype float32 --compile    # also the captured step
+    .venv/bin/python bench/decode_step.py --threads 1 --cpu-time --quantization auto --quantization int4
 
-Medians; run on a shared machine, compare the rows of one run, not runs. Record in
+Rounds are interleaved across the engines and each engine's best round is reported; on a
+shared machine compare the rows of one run, not runs. Record in
 docs/benchmarks.md, "Decode step (CPU)".
 """
 from __future__ import annotations
@@ -80,18 +81,20 @@ def profile_forward(runner, batch, steps: int) -> dict[str, float]:
 
 
 class Probe:
-    """One engine (one dtype / capture setting) with its phases timed."""
+    """One engine (one quantization and dtype) with its phases timed. On CUDA only the
+    engine step is synchronised (the sampler reads its tokens back); the phases inside are
+    launch times."""
 
-    def __init__(self, model: str, dtype: str, capture: bool, args):
+    def __init__(self, model: str, dtype: str, args, quantization: str | None = None):
         from pagedkube.engine.config import EngineConfig
         from pagedkube.engine.llm_engine import LLMEngine
 
-        extra = {"enforce_eager": False} if capture else {}
+        extra = {} if quantization is None else {"quantization": quantization}
         t = time.perf_counter()
         self.engine = LLMEngine(EngineConfig(model=model, device=args.device, dtype=dtype,
                                              max_model_len=args.prompt_tokens + args.steps + 64,
                                              enable_prefix_caching=False, **extra))   # every round prefills
-        self.label = {"dtype": dtype, "capture": capture, "load_s": round(time.perf_counter() - t, 1)}
+        self.label = {"quantization": quantization, "dtype": dtype, "load_s": round(time.perf_counter() - t, 1)}
         self.timer = PhaseTimer(cpu=args.cpu_time)
         engine, runner = self.engine, self.engine.runner
         self.timer.wrap(engine, "_step", "engine_step")
@@ -143,6 +146,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", action="append", help="repeatable; default float32 and bfloat16")
+    ap.add_argument("--quantization", action="append",
+                    help="repeatable (engine --quantization values); default: the engine's default")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (2: this machine's cores)")
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--steps", type=int, default=32)
@@ -150,14 +155,12 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=8)
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with this thread's CPU time (use with --threads 1 on a shared machine)")
-    ap.add_argument("--capture", action="store_true",
-                    help="also an engine with enforce_eager=False (CUDA graphs / torch.compile)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = "thread CPU time" if args.cpu_time else "wall time"
     print(f"torch {torch.__version__}, {args.threads} threads, {clock}, model {args.model}, device {args.device}")
-    probes = [Probe(args.model, dtype, capture, args) for dtype in args.dtype or ["float32", "bfloat16"]
-              for capture in ((False, True) if args.capture else (False,))]
+    probes = [Probe(args.model, dtype, args, quant) for quant in args.quantization or [None]
+              for dtype in args.dtype or ["float32", "bfloat16"]]
     best: dict[int, dict] = {}
     for r in range(args.rounds):
         for i, probe in enumerate(probes):

@@ -9,7 +9,8 @@
 # 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64);
 # 4. the same on a real model, SmolLM2-135M-Instruct (the default model's GGUF, bf16 on the GPU);
 # 5. bench/quant_kernels.py: the Triton W8A16/W4A16 matmuls against the bf16 matmul (cuBLAS);
-# 6. bench/decode_step.py --device cuda: a batch-1 decode step, eager and captured (--no-enforce-eager).
+# 6. bench/decode_step.py --device cuda: a batch-1 decode step of the default model, dense bf16 and
+#    with the GGUF projections packed (the W8A16/W4A16 kernels); no CUDA-graph capture exists yet.
 # Each step has its own time limit and a failure does not stop the later steps; the exit
 # status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
 set -u
@@ -43,7 +44,7 @@ step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.js
 step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
 step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct
 step quant_kernels 300 "$PY" bench/quant_kernels.py --device cuda --out "$RESULTS/quant_kernels.jsonl"
-step decode_step 300 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --capture
+step decode_step 300 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
 
 echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
 exit $status
