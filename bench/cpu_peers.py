@@ -279,6 +279,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile,roofline")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "gguf"],
                         help=f"pagedkube weight modes, comma list of {sorted(MODES)}")
+    parser.add_argument("--quantized-dtype", default="auto",
+                        help="--dtype of the quantized modes (auto: the engine's rule, bf16 on a CPU with bf16)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=THREADS, help="threads per engine (default 1)")
     parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
@@ -292,7 +294,7 @@ def main() -> None:
     if bad:
         parser.error(f"unknown --modes {bad}; choose from {sorted(MODES)}")
     if "roofline" not in skip:
-        results["roofline"] = roofline_rows(gguf, args.modes)
+        results["roofline"] = roofline_rows(gguf, args.modes, args.quantized_dtype)
     if "pagedkube" not in skip:
         for mode in args.modes:
             port = free_port()
@@ -300,7 +302,8 @@ def main() -> None:
                 f"pagedkube-{mode}", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf),
                                       "--port", str(port), "--served-model-name", source.name, "--device", "cpu",
                                       "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
-                                      "--log-level", "warning", *MODES[mode]],
+                                      "--log-level", "warning", *MODES[mode],
+                                      *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
                 port, "/ready", source.name, args.clients, args.logdir)
     if "llamacpp" not in skip:
         port = free_port()
@@ -330,14 +333,15 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2))
 
 
-def roofline_rows(gguf: Path, modes: list[str]) -> dict:
+def roofline_rows(gguf: Path, modes: list[str], quantized_dtype: str) -> dict:
     """Bandwidth with the engines' thread count, bytes per token and the bound, per engine."""
     import roofline
     gbps = roofline.copy_bandwidth_gbps(THREADS)
     rows = {"copy_gbps": gbps, "threads": THREADS}
     sizes = {"llamacpp": roofline.gguf_bytes(gguf)}
     for mode in modes:
-        sizes[f"pagedkube-{mode}"] = roofline.engine_weight_bytes(str(gguf), **MODE_KWARGS[mode])
+        kwargs = MODE_KWARGS[mode] if mode == "fp32" else {**MODE_KWARGS[mode], "dtype": quantized_dtype}
+        sizes[f"pagedkube-{mode}"] = roofline.engine_weight_bytes(str(gguf), **kwargs)
     for name, nbytes in sizes.items():
         rows[name] = {"mb_per_token": nbytes / 1e6, "bound_tok_s": gbps * 1e9 / nbytes}
         print("roofline", name, json.dumps(rows[name]), flush=True)
