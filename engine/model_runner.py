@@ -39,8 +39,6 @@ DEFAULT_CPU_KV_BYTES = 512 * 2**20
 # gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
 # activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
 CUDA_FREE_MEMORY_FRACTION = 0.9
-# GGUF types whose numbers are Int8Weight/Int4Weight exactly (engine/quant/formats.py).
-PACKED_GGUF_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q4_K"})
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,19 +72,18 @@ def resolve_model_dir(model: str | None) -> str:
 
 def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig) -> bool:
     """Whether the projections will hold packed int8/int4 weights (engine/quant): asked for
-    with quantization int8/int4, or "auto" on a GGUF file whose layers are stored in a type
-    that maps onto them exactly (engine/quant/formats.py's table)."""
-    quantization = getattr(config, "quantization", None)   # None: this build serves float weights only
-    if quantization in (None, "none"):
-        return False
-    if quantization != "auto":
+    with quantization int8/int4, or "auto" on a GGUF file with a projection stored in a type
+    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES)."""
+    if config.quantization in ("int8", "int4"):
         return True
-    if model_config.gguf_file is None:
+    if config.quantization != "auto" or model_config.gguf_file is None:
         return False
+    from pagedkube.engine.gguf.packing import PACKED_TYPES
     from pagedkube.engine.gguf.reader import GGUFFile
+    from pagedkube.engine.gguf.weights import is_projection
 
     types = GGUFFile(model_config.gguf_file).tensor_types()
-    return any(kind in PACKED_GGUF_TYPES for name, kind in types.items() if name.startswith("blk."))
+    return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
 
 
 @dataclass

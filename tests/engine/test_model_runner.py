@@ -261,3 +261,22 @@ def test_bfloat16_runner_tracks_float32(tmp_path):
         runs[dtype] = torch.stack(logits)
     assert runs["bfloat16"].dtype == torch.float32                 # logits are always float32
     torch.testing.assert_close(runs["bfloat16"], runs["float32"], atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("kind, quantization, packed", [
+    ("Q4_0", "auto", True),       # the file's blocks served as they are
+    ("Q4_0", "none", False),      # dequantized: the float reference
+    ("F32", "auto", False),
+    ("F32", "int8", True),        # requantized at load
+])
+def test_auto_dtype_follows_packed_weights(tmp_path, kind, quantization, packed):
+    from gguf_factory import write_tiny_gguf
+    from pagedkube.engine.loader import cpu_has_native_bf16
+    from pagedkube.engine.model_runner import serves_quantized_weights
+    path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", "llama", kind)
+    config = EngineConfig(model=str(path), device="cpu", quantization=quantization, num_kv_blocks=8,
+                          attention_backend="torch")
+    assert serves_quantized_weights(config, ModelConfig.from_pretrained(str(path))) is packed
+    runner = ModelRunner(config)
+    assert runner.dtype == (torch.bfloat16 if packed and cpu_has_native_bf16() else torch.float32)
+    assert runner.kv_caches[0][0].dtype == runner.dtype
