@@ -6,6 +6,9 @@ from dataclasses import dataclass
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# auto: a GGUF file's types as stored, a float checkpoint as float; none: all dense (the
+# reference); int8 / int4: projections quantized at load (docs/engine.md "Quantization")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass(slots=True)
@@ -23,12 +26,15 @@ class EngineConfig:
     seed: int = 0                       # seeds the sampler stream of requests without their own seed
     attention_backend: str = "auto"     # auto = triton on CUDA, torch elsewhere
     hash_seed: str = ""                 # seed of the chained block hash (pagedkube.hashing)
+    quantization: str = "auto"          # one of QUANTIZATIONS; auto = GGUF types as stored, float checkpoints as float
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import DEVICES, DTYPES, EngineConfig
+from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.model_source import MODEL_FLAG_HELP
 
@@ -31,6 +31,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--device", default=default_of(EngineConfig, "device"), choices=DEVICES)
     p.add_argument("--dtype", default=default_of(EngineConfig, "dtype"), choices=DTYPES)
+    p.add_argument("--quantization", default=default_of(EngineConfig, "quantization"), choices=QUANTIZATIONS,
+                   help="auto (a GGUF file's types as stored), none, int8 or int4 (default auto)")
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.set_defaults(func=run_generate)
     return p
@@ -41,7 +43,8 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks)
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
+                  quantization=args.quantization)
         prompt: str | list[int] = args.prompt
         if args.chat:
             tokenizer = llm.get_tokenizer()

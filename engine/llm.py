@@ -21,11 +21,12 @@ class LLM:
     def __init__(self, model: str | None = None, device: str = "auto", dtype: str = "auto",
                  block_size: int = 16, num_kv_blocks: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 enable_prefix_caching: bool = True, seed: int = 0, **kwargs: Any):
+                 enable_prefix_caching: bool = True, seed: int = 0, quantization: str = "auto", **kwargs: Any):
         config = EngineConfig(model=model, device=device, dtype=dtype, block_size=block_size,
                               num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-                              enable_prefix_caching=enable_prefix_caching, seed=seed, **kwargs)
+                              enable_prefix_caching=enable_prefix_caching, seed=seed, quantization=quantization,
+                              **kwargs)
         self.engine = LLMEngine(config)
         self._num_requests = 0
 

@@ -12,25 +12,46 @@ Every parameter (and every slice of a fused one) must be loaded exactly once;
 a missing or unexpected tensor or a shape mismatch is a ValueError naming it.
 lm_head shares embed_tokens' weight when the config ties them or when the
 checkpoint has no lm_head.weight (as Hugging Face does). A GGUF file's tensors
-arrive already renamed and dequantized (engine/gguf/weights.py) and take the
-same path.
+arrive already renamed (engine/gguf/weights.py) and take the same path.
+
+Quantization (EngineConfig.quantization, resolved by `resolve_quantization`):
+
+    none   every weight dense in the engine dtype (GGUF types dequantized): the reference
+    gguf   (auto on a GGUF file) projections keep the file's Q8_0/Q4_0/Q4_1/Q4_K blocks
+    int8   projections quantized at load, per output channel
+    int4   projections quantized at load, groups of 32 with scale and min
+
+With any but none the projections (qkv, o, gate_up, down) are QuantLinear layers whose
+weights engine/quant/assemble.py puts together from the pieces; embeddings, norms and
+lm_head stay dense in the engine dtype (lm_head: docs/engine.md says why).
 """
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
+from pagedkube.engine.config import QUANTIZATIONS
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
+from pagedkube.engine.gguf.packing import PACKED_TYPES
+from pagedkube.engine.quant.assemble import ProjectionWeights
+from pagedkube.engine.quant.formats import dequantize
+from pagedkube.engine.quant.linear import QuantLinear
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Used on CUDA when dtype is "auto" and the checkpoint does not say (the usual release dtype).
 DEFAULT_CUDA_DTYPE = "bfloat16"
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # precomputed tables some old checkpoints carry
+FLOAT_GGML_TYPES = ("F32", "F16", "BF16")
 
 
 def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
@@ -46,6 +67,16 @@ def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> tor
     if requested not in DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {requested!r}")
     return DTYPES[requested]
+
+
+def resolve_quantization(requested: str, cfg: ModelConfig) -> str:
+    """--quantization -> "none", "gguf" (a GGUF file's types as stored), "int8" or "int4".
+    auto: the GGUF file's types as stored; a float checkpoint stays float."""
+    if requested not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {requested!r}")
+    if requested == "auto":
+        return "gguf" if cfg.gguf_file is not None else "none"
+    return requested
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
@@ -88,20 +119,26 @@ class _Sink:
     """Places checkpoint tensors (Hugging Face names) into the model's parameters and
     checks that every parameter (and every slice of a fused one) is filled exactly once."""
 
-    def __init__(self, model: DecoderForCausalLM, cfg: ModelConfig):
-        self.model, self.cfg = model, cfg
+    def __init__(self, model: DecoderForCausalLM, cfg: ModelConfig, projections: ProjectionWeights | None):
+        self.model, self.cfg, self.projections = model, cfg, projections
         self.params = dict(model.named_parameters())        # tied lm_head appears once, as embed_tokens
         self.loaded: dict[str, int] = {name: 0 for name in self.params}   # rows loaded per parameter
         self.expected = {name: p.shape[0] for name, p in self.params.items()}
         self.fused = _fused_targets(cfg)
         self.has_lm_head = False
 
-    def put(self, name: str, tensor: torch.Tensor, source: str) -> None:
+    def put(self, name: str, tensor, source: str, stored: str = "float") -> None:
+        """tensor: a torch tensor, or a QuantizedWeight (a GGUF projection kept packed)."""
         if name == "lm_head.weight":
             self.has_lm_head = True
             if self.cfg.tie_word_embeddings:
                 return                                      # tied: embed_tokens is the one copy
         dst, rows = _destination(name, self.fused)
+        if self.projections is not None and dst in self.projections:
+            self.projections.put(dst, rows, tensor, stored)
+            return
+        if not isinstance(tensor, torch.Tensor):
+            tensor = dequantize(tensor)
         if dst not in self.params:
             raise ValueError(f"unexpected tensor {name!r} in {source} for a {self.cfg.architecture}")
         target = self.params[dst].data if rows is None else self.params[dst].data[rows]
@@ -115,25 +152,33 @@ class _Sink:
             self.model.lm_head.weight = self.model.model.embed_tokens.weight  # Hugging Face ties when lm_head is absent
             self.loaded["lm_head.weight"] = self.expected["lm_head.weight"]
         missing = [n for n in self.params if self.loaded[n] != self.expected[n]]
+        missing += self.projections.missing() if self.projections is not None else []
         if missing:
             raise ValueError(f"checkpoint in {where!r} lacks (or duplicates) tensors for {missing}")
 
 
 def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
-               max_positions: int) -> DecoderForCausalLM:
+               max_positions: int, quantization: str = "none") -> DecoderForCausalLM:
+    method = resolve_quantization(quantization, cfg)
+    linear = nn.Linear if method == "none" else QuantLinear
     with torch.device("meta"):
-        model = DecoderForCausalLM(cfg, backend, max_positions, device=device)
+        model = DecoderForCausalLM(cfg, backend, max_positions, device=device, linear=linear)
     model.to(dtype=dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:                          # to_empty() unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
-    sink = _Sink(model, cfg)
+    projections = None if method == "none" else ProjectionWeights(model, method, dtype, device)
+    sink = _Sink(model, cfg, projections)
     if cfg.gguf_file is not None:
         from pagedkube.engine.gguf.reader import GGUFFile
         from pagedkube.engine.gguf.weights import hf_tensors
 
-        for name, tensor in hf_tensors(GGUFFile(cfg.gguf_file), cfg):
-            sink.put(name, tensor, Path(cfg.gguf_file).name)
+        dequantized: Counter[str] = Counter()
+        for t in hf_tensors(GGUFFile(cfg.gguf_file), cfg, packed=method == "gguf"):
+            if isinstance(t.value, torch.Tensor) and t.ggml_type not in FLOAT_GGML_TYPES:
+                dequantized[t.ggml_type] += 1
+            sink.put(t.name, t.value, Path(cfg.gguf_file).name, t.ggml_type)
         sink.finish(cfg.gguf_file)
+        _log_gguf(Path(cfg.gguf_file).name, method, dtype, dequantized, projections)
     else:
         for file in checkpoint_files(cfg.model_dir):
             with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -141,5 +186,28 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
                     if not name.endswith(IGNORED_SUFFIXES):
                         sink.put(name, f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
+    if projections is not None:
+        log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else
+                 f"auto ({method})", dict(projections.kernels))
     model.eval()
     return model
+
+
+def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[str],
+              projections: ProjectionWeights | None) -> None:
+    """One line per stored type that the engine computes with dequantized, with a count."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    for kind, count in sorted(dequantized.items()):
+        if method == "none":
+            why = f"to {dtype_name}: --quantization none"
+        elif method != "gguf":
+            why = f"(projections requantized as {method}; the rest to {dtype_name})"
+        elif kind in PACKED_TYPES:
+            why = f"to {dtype_name}: embeddings and lm_head stay dense"
+        else:
+            why = f"to {dtype_name}: no exact packed form"
+        log.info("%s: %d %s tensor(s) dequantized %s", file, count, kind, why)
+    mixed = projections.dequantized if projections is not None else Counter()
+    for kind, count in sorted(mixed.items()):
+        log.info("%s: %d %s tensor(s) dequantized to %s: fused with a piece of another format",
+                 file, count, kind, dtype_name)

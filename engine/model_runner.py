@@ -88,7 +88,8 @@ class ModelRunner:
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
-        self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len)
+        self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
+                                config.quantization)
         self.num_kv_blocks = self._num_kv_blocks()
         cfg = self.model_config
         shape = (self.num_kv_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)

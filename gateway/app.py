@@ -119,7 +119,7 @@ class Gateway:
         self.proxy = Proxy(self.client, self.endpoints, self.metrics, ProxyOptions(
             max_attempts=self.config.max_attempts, upstream_timeout=self.config.upstream_timeout,
             strip_authorization=self.api_keys is not None, route_headers=self.config.route_headers,
-            engine_authorization=engine_auth))
+            engine_authorization=engine_auth, hold_timeout=self.config.hold_timeout))
         self.watcher = EngineWatcher(self.endpoints, self.index, self.control, self.prompt,
                                      probe_ready=bool(self.static_urls),
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,

@@ -168,6 +168,13 @@ class EndpointSet:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def changed(self, timeout: float) -> None:
+        """Returns at the next change of any endpoint's state, or after `timeout` seconds."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
     async def wait_routable(self, timeout: float) -> list[str]:
         """The routable endpoints, waiting up to `timeout` seconds for one to appear."""
         loop = asyncio.get_running_loop()

@@ -3,6 +3,11 @@
 * Connect errors and 5xx answered before the first byte go to the next
   endpoint (at most `max_attempts`); each counts toward that endpoint's
   passive-health ejection (a 503, an engine shedding load, does not).
+* An engine that answers 503 `draining` or `not_ready` did no work: the answer
+  is not an attempt, and the request goes on to every other engine routable
+  now, waiting up to `hold_timeout` for one when none is. A draining engine
+  also leaves the routable set at once (discovery may lag it by seconds). Only
+  when no engine answers does the client see a 503.
 * The response passes through unchanged: status, body bytes (streamed as they
   come for SSE), headers less hop-by-hop ones, plus x-pagedkube-endpoint and
   x-pagedkube-route when `route_headers` is on (off by default: they show
@@ -38,8 +43,9 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from pagedkube.engine.server.errors import DRAINING, NOT_READY
 from pagedkube.gateway.counting import Outcome
-from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.endpoints import TERMINATING, EndpointSet
 from pagedkube.gateway.errors import GatewayError, stream_broken, upstream_timeout, upstream_unreachable
 from pagedkube.gateway.metrics import GatewayMetrics, SSEUsageScanner, cached_tokens_of
 from pagedkube.gateway.routing.types import Decision
@@ -63,6 +69,24 @@ class ProxyOptions:
     strip_authorization: bool = False
     route_headers: bool = False   # x-pagedkube-endpoint / -route (GatewayConfig.route_headers)
     engine_authorization: str | None = None   # replaces the client's Authorization upstream
+    hold_timeout: float = 0.0   # after a drain answer with no engine left, wait this long for one
+
+
+# The 503 codes of an engine that did not start the request. Only a draining engine is taken
+# out of routing here: it never comes back (its pod is going). A not-ready one may recover
+# without its EndpointSlice changing, and with EndpointSlices nothing else would put it back.
+_DID_NOT_START = frozenset({DRAINING, NOT_READY})
+
+
+def _did_not_start(status: int, content: bytes) -> str | None:
+    """The engine's 503 code when its answer says it did not start the request, else None."""
+    if status != 503:
+        return None
+    try:
+        code = json.loads(content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if code in _DID_NOT_START else None
 
 
 async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
@@ -126,7 +150,20 @@ class Proxy:
                        decision: Decision, outcome: Outcome, started: float) -> Response:
         headers = self._request_headers(request)
         last: GatewayError | Response | None = None
-        for attempt, url in enumerate(decision.endpoints[:self.options.max_attempts]):
+        queue, tried, attempts, wait_for_other = list(decision.endpoints), set(), 0, False
+        while attempts < self.options.max_attempts:
+            if not queue and tried:
+                try:
+                    queue = await _race_disconnect(watcher, self._others(tried, wait=wait_for_other))
+                except ClientGone:
+                    return Response(status_code=499)
+            if not queue:
+                break
+            url = queue.pop(0)
+            if url in tried:
+                continue
+            tried.add(url)
+            attempts += 1
             self.endpoints.acquire(url)
             try:
                 upstream = await _race_disconnect(watcher, self.client.post(url + path, data=body, headers=headers))
@@ -163,6 +200,11 @@ class Proxy:
                     self.endpoints.report_failure(url)
                 self.metrics.retries.labels(str(upstream.status)).inc()
                 last = Response(content, upstream.status, self._response_headers(upstream, url, decision))
+                if code := _did_not_start(upstream.status, content):
+                    if code == DRAINING:
+                        self.endpoints.set_discovered(url, TERMINATING)
+                    attempts -= 1   # no work was done: not an attempt
+                    wait_for_other = True
                 continue
             self.endpoints.report_success(url)
             if upstream.headers.get("content-type", "").startswith("text/event-stream"):
@@ -172,6 +214,19 @@ class Proxy:
         if isinstance(last, Response):
             return last
         return (last or upstream_unreachable("no endpoint")).response()
+
+    async def _others(self, tried: set[str], wait: bool) -> list[str]:
+        """Endpoints routable now that this request has not tried (the decision predates an
+        engine saying it is leaving); with `wait`, up to hold_timeout for one to appear."""
+        others = [u for u in self.endpoints.routable() if u not in tried]
+        if others or not wait or self.options.hold_timeout <= 0:
+            return others
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.hold_timeout
+        while not others and (left := deadline - loop.time()) > 0:
+            await self.endpoints.changed(left)
+            others = [u for u in self.endpoints.routable() if u not in tried]
+        return others
 
     async def _whole(self, watcher: asyncio.Future, upstream: aiohttp.ClientResponse, url: str,
                      decision: Decision) -> Response:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkube.operator import naming
-from pagedkube.operator.builders.common import RUN_AS_USER
+from pagedkube.operator.builders.common import LIVENESS_FAILURES, LIVENESS_PERIOD_S, PROBE_TIMEOUT_S, RUN_AS_USER
 from pagedkube.operator.builders.rbac import GATEWAY_RULES
 from pagedkube.operator.crd import build_crd
 
@@ -81,7 +81,8 @@ def operator_deployment(image: str = naming.GATEWAY_IMAGE) -> dict[str, Any]:
                         "env": [{"name": "HOME", "value": "/tmp"}],
                         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
                         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"},
-                                          "periodSeconds": 10, "failureThreshold": 3},
+                                          "periodSeconds": LIVENESS_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
+                                          "failureThreshold": LIVENESS_FAILURES},
                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
                                       "limits": {"memory": "512Mi"}},
                         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,

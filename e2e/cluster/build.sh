@@ -36,38 +36,43 @@ mkdir -p "$bin" "$src"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 log() { echo "build.sh: [$SECONDS s] $*" >&2; }
 
-# k8s.io/kubernetes: require it, and replace every staging module it points
-# at ./staging/... by the published v0.<minor>.<patch>.
-build_k8s() {
-  local d="$src/k8s" minor="v0.${K8S_VERSION#v1.}"
+# k8s_module DIR NAME PACKAGE...: a wrapper module pagedkube.io/e2e/NAME that imports the
+# k8s.io/kubernetes PACKAGEs, with every staging module k8s.io/kubernetes points at
+# ./staging/... replaced by the published v0.<minor>.<patch>. The control plane's and the
+# node's modules are made the same way, so they resolve the same versions and share the
+# module and build caches.
+k8s_module() {
+  local d="$1" name="$2" minor="v0.${K8S_VERSION#v1.}" gomod pkg
+  shift 2
   mkdir -p "$d"
-  local gomod
   gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",\?$/\1/p')"
   {
-    printf 'module pagedkube.io/e2e/k8sbins\n\ngo 1.25.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$K8S_VERSION"
+    printf 'module pagedkube.io/e2e/%s\n\ngo 1.25.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$name" "$K8S_VERSION"
     sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => \./staging/.*#\t\1 => \1 '"$minor"'#p' "$gomod"
     printf ')\n'
   } > "$d/go.mod"
-  cat > "$d/tools.go" <<'GO'
-//go:build tools
-
-package k8sbins
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
-)
-GO
+  {
+    printf '//go:build tools\n\npackage %s\n\nimport (\n' "$name"
+    for pkg in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s/app"\n' "$pkg"; done
+    printf ')\n'
+  } > "$d/tools.go"
   (cd "$d" && go mod tidy -e >&2)
-  local ld
-  ld="$(k8s_ldflags)"
-  log "building kube-apiserver kube-controller-manager kube-scheduler $K8S_VERSION"
-  (cd "$d" && go build -o "$bin/" -ldflags "$ld" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler)
 }
+
+# build_k8s_bins DIR NAME CMD...: k8s_module, then one `go build` of the commands.
+build_k8s_bins() {
+  local d="$1" name="$2" cmd pkgs=()
+  shift 2
+  k8s_module "$d" "$name" "$@"
+  for cmd in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  log "building $* $K8S_VERSION"
+  (cd "$d" && go build -o "$bin/" -ldflags "$(k8s_ldflags)" "${pkgs[@]}")
+}
+
+build_k8s() { build_k8s_bins "$src/k8s" k8sbins kube-apiserver kube-controller-manager kube-scheduler; }
+
+# kubelet and kube-proxy for the real node (node.sh).
+build_node() { build_k8s_bins "$src/k8snode" k8snode kubelet kube-proxy; }
 
 k8s_ldflags() {
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
@@ -76,30 +81,6 @@ k8s_ldflags() {
   ld+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ld+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
   echo "$ld"
-}
-
-# kubelet and kube-proxy from a wrapper module like build_k8s's (same replaces),
-# so they share its module and build caches.
-build_node() {
-  local d="$src/k8snode"
-  mkdir -p "$d"
-  sed 's#^module .*#module pagedkube.io/e2e/k8snode#' "$src/k8s/go.mod" > "$d/go.mod"
-  cp "$src/k8s/go.sum" "$d/go.sum" 2>/dev/null || true
-  cat > "$d/tools.go" <<'GO'
-//go:build tools
-
-package k8snode
-
-import (
-	_ "k8s.io/kubernetes/cmd/kubelet/app"
-	_ "k8s.io/kubernetes/cmd/kube-proxy/app"
-)
-GO
-  (cd "$d" && go mod tidy -e >&2)
-  log "building kubelet kube-proxy $K8S_VERSION"
-  (cd "$d" && go build -o "$bin/" -ldflags "$(k8s_ldflags)" \
-    k8s.io/kubernetes/cmd/kubelet \
-    k8s.io/kubernetes/cmd/kube-proxy)
 }
 
 build_kwok() {

@@ -12,10 +12,14 @@ A step is one flat batch of T tokens from many sequences, no padding:
 input_ids [T], positions [T]; hidden states are [T, hidden]. Attention writes
 this step's K/V into the paged pool first, then attends through the block
 tables (engine/attention/metadata.py has the layout).
+
+`linear` builds the four projections (qkv, o, gate_up, down): nn.Linear, or
+engine/quant/linear.py's QuantLinear when the weights stay packed (--quantization).
 """
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,10 +31,11 @@ from pagedkube.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from pagedkube.engine.model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
+LinearFactory = Callable[..., nn.Module]     # (in_features, out_features, bias=) like nn.Linear
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType):
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -38,8 +43,8 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.backend = backend
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -62,10 +67,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, linear: LinearFactory = nn.Linear):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,10 +78,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType):
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
         super().__init__()
-        self.self_attn = Attention(cfg, backend)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, backend, linear)
+        self.mlp = MLP(cfg, linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -87,10 +92,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType):
+    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, linear) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -99,10 +104,10 @@ class DecoderForCausalLM(nn.Module):
     compute_logits(hidden rows to sample) -> float32 logits [N, vocab]."""
 
     def __init__(self, cfg: ModelConfig, backend: ModuleType, max_positions: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", linear: LinearFactory = nn.Linear):
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg, backend)
+        self.model = DecoderModel(cfg, backend, linear)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

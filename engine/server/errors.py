@@ -18,6 +18,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
+# error.code of the 503s an engine answers before a request starts (docs/interfaces.md): it
+# did no work, so a gateway sends the request on to another engine (gateway/proxy.py).
+DRAINING = "draining"     # after SIGTERM: this engine is going away
+NOT_READY = "not_ready"   # not loaded yet, or its core is unhealthy
+
 # HTTP status -> OpenAI error type (the strings OpenAI's API itself returns).
 ERROR_TYPES = {
     400: "invalid_request_error",

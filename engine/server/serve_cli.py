@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import DEVICES, DTYPES, EngineConfig
+from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.model_source import MODEL_FLAG_HELP
 from pagedkube.observability import add_observability_args, observability_from_args
@@ -53,6 +53,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=_server("port"))
     p.add_argument("--device", default=_engine("device"), choices=DEVICES)
     p.add_argument("--dtype", default=_engine("dtype"), choices=DTYPES)
+    p.add_argument("--quantization", default=_engine("quantization"), choices=QUANTIZATIONS,
+                   help="weights: auto = a GGUF file's types as stored, a float model as float; none = all dense; "
+                        "int8 / int4 = quantize the projections at load (default auto)")
     p.add_argument("--block-size", type=int, default=_engine("block_size"))
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")
@@ -95,7 +98,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed)
+        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,

@@ -9,7 +9,7 @@ from typing import Any
 
 from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
-from pagedkube.engine.server.errors import APIError
+from pagedkube.engine.server.errors import DRAINING, NOT_READY, APIError
 from pagedkube.piece_cache import CachedEncoder
 
 logger = logging.getLogger("pagedkube.serve")
@@ -64,6 +64,6 @@ class ServerState:
     def check_accepting(self) -> None:
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica",
-                           code="draining", headers={"Retry-After": "1"})
+                           code=DRAINING, headers={"Retry-After": "1"})
         if not self.ready:
-            raise APIError(503, "the engine is not ready", code="not_ready", headers={"Retry-After": "1"})
+            raise APIError(503, "the engine is not ready", code=NOT_READY, headers={"Retry-After": "1"})

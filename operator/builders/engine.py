@@ -17,7 +17,8 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, pod_security_context,
+    readiness_probe)
 from pagedkube.operator.builders.model import model_mount
 from pagedkube.operator.builders.security import (
     SECRET_VERSION_ANNOTATION, engine_api_key_env, hash_seed_env)
@@ -103,8 +104,9 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "") -> di
         "ports": [{"name": "http", "containerPort": naming.ENGINE_PORT, "protocol": "TCP"}],
         **maybe("resources", dict(e.resources)),
         "startupProbe": http_probe("/health", period_s=STARTUP_PERIOD_S, failure_threshold=STARTUP_FAILURES),
-        "livenessProbe": http_probe("/health", period_s=10, failure_threshold=3),
-        "readinessProbe": http_probe(ready_path, period_s=5, failure_threshold=2),
+        # /health checks the engine core's heartbeat, so it stays HTTP, with a loaded node's patience.
+        "livenessProbe": liveness_probe("/health"),
+        "readinessProbe": readiness_probe(ready_path),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         "securityContext": container_security_context(),
         "volumeMounts": mounts,

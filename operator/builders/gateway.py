@@ -10,7 +10,8 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, maybe, pod_security_context)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, pod_security_context, readiness_probe,
+    tcp_liveness_probe)
 from pagedkube.operator.builders.security import SECRET_VERSION_ANNOTATION, engine_api_key_env
 from pagedkube.operator.spec import LLMServiceSpec
 
@@ -60,8 +61,9 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> d
         "env": env,
         "ports": [{"name": "http", "containerPort": naming.GATEWAY_PORT, "protocol": "TCP"}],
         **maybe("resources", dict(g.resources)),
-        "livenessProbe": http_probe("/health", period_s=10, failure_threshold=3),
-        "readinessProbe": http_probe("/ready", period_s=5, failure_threshold=2),
+        # /health only says "ok" from the event loop a burst queues it behind: probe the socket.
+        "livenessProbe": tcp_liveness_probe(),
+        "readinessProbe": readiness_probe("/ready"),
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }

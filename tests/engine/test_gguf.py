@@ -28,8 +28,9 @@ def _hf_model(path):
 
 
 def _runner(path) -> ModelRunner:
+    # quantization none: every weight dequantized, the reference transformers' load is compared with
     return ModelRunner(EngineConfig(model=str(path), device="cpu", dtype="float32", attention_backend="torch",
-                                    num_kv_blocks=16, block_size=16))
+                                    num_kv_blocks=16, block_size=16, quantization="none"))
 
 
 def _ours_as_hf(runner: ModelRunner) -> dict[str, torch.Tensor]:

@@ -79,8 +79,9 @@ def expected(hf):
 @pytest.fixture(scope="module")
 def llm():
     from pagedkube.engine import LLM
+    # quantization none: the file's weights dequantized to float32, as transformers loads them
     return LLM(device="cpu", dtype="float32", max_num_batched_tokens=TOKEN_BUDGET, max_model_len=1024,
-               attention_backend="torch")
+               attention_backend="torch", quantization="none")
 
 
 def test_default_model_is_smollm2(llm, gguf_path):

@@ -161,6 +161,23 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
     assert engine_svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
 
 
+def test_probes_are_patient_on_a_loaded_node() -> None:
+    """Issue 18: a 2 s /health probe restarted a busy gateway. The gateway's liveness is a TCP
+    connect (the kernel answers it, not the event loop); every HTTP probe waits 10 s, and
+    liveness restarts only after a minute of misses."""
+    objs = children("hf-gpu-autoscaled")
+    (gateway,) = objs["Deployment/demo-gateway"]["spec"]["template"]["spec"]["containers"]
+    (engine,) = objs["Deployment/demo-engine"]["spec"]["template"]["spec"]["containers"]
+    assert gateway["livenessProbe"] == {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "timeoutSeconds": 10,
+                                        "failureThreshold": 6}
+    assert gateway["readinessProbe"] == {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5,
+                                         "timeoutSeconds": 10, "failureThreshold": 3}
+    assert engine["livenessProbe"] == {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                                       "timeoutSeconds": 10, "failureThreshold": 6}
+    assert engine["readinessProbe"]["timeoutSeconds"] == engine["startupProbe"]["timeoutSeconds"] == 10
+    assert engine["readinessProbe"]["failureThreshold"] == 3
+
+
 @pytest.mark.parametrize("runtime, source, variable", [("pagedkube", "builtin://tiny", "PAGEDKUBE_API_KEY"),
                                                        ("vllm", "pvc://weights/llama/8b", "VLLM_API_KEY")])
 def test_engine_api_key_reaches_the_engines_and_the_gateway(runtime: str, source: str, variable: str) -> None:
