@@ -4,14 +4,20 @@ One workload, pet-care chat sessions (bench/workloads.py: a shared system prompt
 profile, 3-5 user turns, each turn sent with the real replies so far), driven through the
 OpenAI API by C concurrent clients (each runs its sessions turn by turn, streaming):
 
-    pagedkube   `pagedkube serve --model FILE` (fp32 weights dequantized from the file)
+    pagedkube   `pagedkube serve --model FILE` in one or more weight modes (--modes):
+                  fp32   --quantization none --dtype float32 (every weight dequantized: the reference)
+                  gguf   --quantization auto (the file's Q8_0/Q4_0/Q4_1/Q4_K blocks served as stored)
+                  int8   --quantization int8 (projections requantized per channel at load)
+                  int4   --quantization int4 (projections requantized in groups at load)
+                the quantized modes run with dtype auto (bf16 activations on a CPU with bf16)
     llama.cpp   `python -m llama_cpp.server --model FILE` (llama-cpp-python, Q4_1 kernels);
                 its server runs one request at a time, so C clients queue
     HF floor    transformers generate on the same file (fp32), one request at a time, in
                 process (1 client only: a server around it could not do better at C > 1)
 
 At C = 1, 8 and 32: output tokens/s, TTFT p50/p99 and ITL p50, and pagedkube's ratio to each
-peer; also output tokens per CPU-second of the server's processes (psutil: the server and its
+peer; beside them the batch-1 roofline of each engine (bench/roofline.py: measured copy
+bandwidth / weight bytes read per token); also output tokens per CPU-second of the server's processes (psutil: the server and its
 children), the ratio that survives a shared machine, where wall time mostly measures the
 neighbours. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
 where the step time goes. Greedy, max_tokens 32; EOS may end a reply early (both servers
@@ -45,6 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import Session, petcare_chat  # noqa: E402
 
 LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
+MODES = {"fp32": ["--quantization", "none", "--dtype", "float32"], "gguf": ["--quantization", "auto"],
+         "int8": ["--quantization", "int8"], "int4": ["--quantization", "int4"]}
+MODE_KWARGS = {"fp32": dict(quantization="none", dtype="float32"), "gguf": dict(quantization="auto"),
+               "int8": dict(quantization="int8"), "int4": dict(quantization="int4")}
 MAX_TOKENS = 32
 # Threads per engine (--threads): 1 by default, as the other CPU benches here: on a shared
 # 2-core machine a second thread mostly spins; both engines always get the same number.
@@ -266,7 +276,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a GGUF file (default: smollm2-135m-instruct's)")
     parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile,roofline")
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "gguf"],
+                        help=f"pagedkube weight modes, comma list of {sorted(MODES)}")
+    parser.add_argument("--quantized-dtype", default="auto",
+                        help="--dtype of the quantized modes (auto: the engine's rule, bf16 on a CPU with bf16)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=THREADS, help="threads per engine (default 1)")
     parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
@@ -276,13 +290,21 @@ def main() -> None:
     source = resolve_model_source(args.model)
     gguf, skip = source.path, set(filter(None, args.skip.split(",")))
     results: dict = {"model": str(gguf), "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    port = free_port()
+    bad = [m for m in args.modes if m not in MODES]
+    if bad:
+        parser.error(f"unknown --modes {bad}; choose from {sorted(MODES)}")
+    if "roofline" not in skip:
+        results["roofline"] = roofline_rows(gguf, args.modes, args.quantized_dtype)
     if "pagedkube" not in skip:
-        results["pagedkube"] = run_server(
-            "pagedkube", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
-                          "--served-model-name", source.name, "--device", "cpu", "--max-num-seqs",
-                          str(max(args.clients)), "--max-model-len", "2048", "--log-level", "warning"],
-            port, "/ready", source.name, args.clients, args.logdir)
+        for mode in args.modes:
+            port = free_port()
+            results[f"pagedkube-{mode}"] = run_server(
+                f"pagedkube-{mode}", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf),
+                                      "--port", str(port), "--served-model-name", source.name, "--device", "cpu",
+                                      "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
+                                      "--log-level", "warning", *MODES[mode],
+                                      *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
+                port, "/ready", source.name, args.clients, args.logdir)
     if "llamacpp" not in skip:
         port = free_port()
         results["llamacpp"] = run_server(
@@ -293,18 +315,37 @@ def main() -> None:
             port, "/v1/models", source.name, args.clients, args.logdir)
     if "hf" not in skip:
         results["hf"] = run_hf(gguf)
-    for peer in ("llamacpp", "hf"):
-        if peer in results and "pagedkube" in results:
-            results[f"ratio_vs_{peer}"] = {c: results["pagedkube"][c]["tok_s"] / results[peer][c]["tok_s"]
-                                          for c in results[peer] if c in results["pagedkube"]}
-    if "llamacpp" in results and "pagedkube" in results:
-        results["cpu_ratio_vs_llamacpp"] = {c: results["pagedkube"][c]["tok_per_cpu_s"]
-                                            / results["llamacpp"][c]["tok_per_cpu_s"] for c in results["llamacpp"]}
+    for mode in args.modes:
+        ours = results.get(f"pagedkube-{mode}")
+        if ours is None:
+            continue
+        for peer in ("llamacpp", "hf"):
+            if peer in results:
+                results[f"ratio_{mode}_vs_{peer}"] = {c: ours[c]["tok_s"] / results[peer][c]["tok_s"]
+                                                     for c in results[peer] if c in ours}
+        if "llamacpp" in results:
+            results[f"cpu_ratio_{mode}_vs_llamacpp"] = {c: ours[c]["tok_per_cpu_s"] / results["llamacpp"][c]["tok_per_cpu_s"]
+                                                       for c in results["llamacpp"] if c in ours}
     if "profile" not in skip:
         results["profile_32"] = profile_step(gguf)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+
+
+def roofline_rows(gguf: Path, modes: list[str], quantized_dtype: str) -> dict:
+    """Bandwidth with the engines' thread count, bytes per token and the bound, per engine."""
+    import roofline
+    gbps = roofline.copy_bandwidth_gbps(THREADS)
+    rows = {"copy_gbps": gbps, "threads": THREADS}
+    sizes = {"llamacpp": roofline.gguf_bytes(gguf)}
+    for mode in modes:
+        kwargs = MODE_KWARGS[mode] if mode == "fp32" else {**MODE_KWARGS[mode], "dtype": quantized_dtype}
+        sizes[f"pagedkube-{mode}"] = roofline.engine_weight_bytes(str(gguf), **kwargs)
+    for name, nbytes in sizes.items():
+        rows[name] = {"mb_per_token": nbytes / 1e6, "bound_tok_s": gbps * 1e9 / nbytes}
+        print("roofline", name, json.dumps(rows[name]), flush=True)
+    return rows
 
 
 def cpu_model() -> str:

@@ -57,7 +57,9 @@ def make_workload(num_prompts: int, prompt_lens: tuple[int, int], output_lens: t
 
 def run_ours(model_dir: Path, workload, device: str) -> tuple[float, list[list[int]]]:
     from pagedkube.engine import LLM, SamplingParams
-    llm = LLM(model=str(model_dir), device=device, dtype="float32" if device == "cpu" else "bfloat16", seed=0)
+    # quantization none: the same dense arithmetic as HF (a GGUF would otherwise keep its blocks packed)
+    llm = LLM(model=str(model_dir), device=device, dtype="float32" if device == "cpu" else "bfloat16", seed=0,
+              quantization="none")
     warm = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * 4
     llm.generate([p for p, _ in workload[:4]], warm)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in workload]

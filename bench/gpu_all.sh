@@ -7,7 +7,10 @@
 #    which on a GPU machine run compiled on CUDA instead of in the interpreter;
 # 2. bench/kernels.py --device cuda (paged attention vs SDPA, GB/s, fraction of peak);
 # 3. bench/engine_throughput.py --device cuda (engine vs HF generate, Qwen2.5-0.5B shape, batch 64);
-# 4. the same on a real model, SmolLM2-135M-Instruct (the default model's GGUF, bf16 on the GPU).
+# 4. the same on a real model, SmolLM2-135M-Instruct (the default model's GGUF, bf16 on the GPU);
+# 5. bench/quant_kernels.py: the Triton W8A16/W4A16 matmuls against the bf16 matmul (cuBLAS);
+# 6. bench/decode_step.py --device cuda: a batch-1 decode step of the default model, dense bf16 and
+#    with the GGUF projections packed (the W8A16/W4A16 kernels); no CUDA-graph capture exists yet.
 # Each step has its own time limit and a failure does not stop the later steps; the exit
 # status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
 set -u
@@ -35,10 +38,13 @@ step() {  # step NAME LIMIT_S CMD...: run, log to $RESULTS/NAME.log, record the 
   | tee "$SUMMARY"
 
 step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_gpu_engine.py \
-    tests/engine/test_triton_attention.py tests/engine/test_triton_write_kv.py tests/engine/test_triton_engine.py
+    tests/engine/test_triton_attention.py tests/engine/test_triton_write_kv.py tests/engine/test_triton_engine.py \
+    tests/engine/test_triton_wxa16.py
 step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
 step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct
+step quant_kernels 300 "$PY" bench/quant_kernels.py --device cuda --out "$RESULTS/quant_kernels.jsonl"
+step decode_step 300 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
 
 echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
 exit $status

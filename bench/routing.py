@@ -2,13 +2,17 @@
 
     .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 320] [--sessions 32] [--concurrency 32]
                                       [--think-ms 500] [--load-bound 1.5] [--old-default] [--seed 0]
+                                      [--policies round-robin,least-load,prefix] [--prefix-variant NAME:FLAGS]
+                                      [--routers 1,2] [--vllm-router]
                                       [--only overhead|WORKLOAD] [--out build/bench/routing]
 
 Starts N engines (`pagedkube serve`, built-in model, a small KV pool each) and
 one gateway per policy over them (the prefix router once per --load-bound),
 plus one engine with N times the pool (the "ideal" cache: everything on one
 engine, no routing), and runs the workloads of bench/workloads.py once per
-policy. Each turn waits for a seeded exponential user think time first (the
+policy. With --routers 1,2 the prefix router also runs as two gateway replicas,
+and with --vllm-router vLLM's router (policy cache_aware) runs with each replica
+count on the same engines (bench/routers.py; requests split at random). Each turn waits for a seeded exponential user think time first (the
 same for every policy), so sessions arrive independently: with --think-ms 0
 the closed loop keeps arrivals in lockstep, and round-robin's counter then
 sends a session back to its previous engine more often than chance. Each
@@ -42,10 +46,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from routers import (Setup, engine_loads, gateway_loads, have_vllm_router, replica,  # noqa: E402
+                     start_vllm_router, wait_router)
 from workloads import Workload, long_document_qa, no_shared_prefix, petcare_chat  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,11 +150,13 @@ def think_time(seed: int, session_id: str, turn: int, mean_s: float) -> float:
     return random.Random(f"{seed}/{session_id}/{turn}").expovariate(1 / mean_s) if mean_s > 0 else 0.0
 
 
-async def run_workload(url: str, workload: Workload, salt: str, concurrency: int, think_s: float = 0.0,
+async def run_workload(url: str | list[str], workload: Workload, salt: str, concurrency: int, think_s: float = 0.0,
                        seed: int = 0) -> dict:
     """Runs every session (turns in order, each with the real replies so far),
-    `concurrency` sessions at a time, each turn after the user's think time.
+    `concurrency` sessions at a time, each turn after the user's think time,
+    each request to one of `url`'s router replicas (routers.replica).
     Returns client-side timings."""
+    urls = [url] if isinstance(url, str) else url
     queue: asyncio.Queue = asyncio.Queue()
     for session in workload.sessions:
         queue.put_nowait(session)
@@ -166,7 +175,8 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
                         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                         "cache_salt": salt}
                 start, first, text = time.perf_counter(), None, []
-                async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                target = urls[replica(seed, session.session_id, turn, len(urls))]
+                async with client.stream("POST", target + "/v1/chat/completions", json=body) as r:
                     if r.status_code != 200:
                         raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
                     engine = r.headers.get("x-pagedkube-endpoint")
@@ -204,10 +214,10 @@ async def run_workload(url: str, workload: Workload, salt: str, concurrency: int
             "turns": turns}
 
 
-async def sample_loads(gateway: str | None, stop: asyncio.Event, samples: list[dict]) -> None:
+async def sample_loads(sample: Callable[[], dict] | None, stop: asyncio.Event, samples: list[dict]) -> None:
     while not stop.is_set():
-        if gateway is not None:
-            samples.append(await asyncio.to_thread(in_flight, gateway))
+        if sample is not None:
+            samples.append(await asyncio.to_thread(sample))
         try:
             await asyncio.wait_for(stop.wait(), 0.1)
         except asyncio.TimeoutError:
@@ -239,21 +249,30 @@ def load_stats(samples: list[dict], bound: float) -> dict:
             "other_requests_mean": statistics.fmean(s["others"] for s in samples) if samples else float("nan")}
 
 
-async def measure(url: str, engines: list[str], gateway: str | None, workload: Workload, salt: str,
-                  concurrency: int, bound: float, think_s: float, seed: int) -> dict:
+def _summed(values: list[dict]) -> dict:
+    out: dict = {}
+    for one in values:
+        for k, v in one.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+async def measure(setup: Setup, engines: list[str], workload: Workload, salt: str,
+                  concurrency: int, think_s: float, seed: int) -> dict:
     names = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
     predicted = ("pagedkube_gateway_predicted_cached_tokens_total", "pagedkube_gateway_realized_cached_tokens_total")
     before = [scrape(e, *names) for e in engines]
-    reasons_before, predicted_before = decisions(url), scrape(url, *predicted)
+    reasons_before = _summed([decisions(g) for g in setup.ours])
+    predicted_before = _summed([scrape(g, *predicted) for g in setup.ours])
     stop, samples = asyncio.Event(), []
-    sampler = asyncio.create_task(sample_loads(gateway, stop, samples))
-    run = await run_workload(url, workload, salt, concurrency, think_s, seed)
+    sampler = asyncio.create_task(sample_loads(setup.loads, stop, samples))
+    run = await run_workload(setup.urls, workload, salt, concurrency, think_s, seed)
     stop.set()
     await sampler
     after = [scrape(e, *names) for e in engines]
-    reasons = {k: v - reasons_before.get(k, 0) for k, v in decisions(url).items()}
-    predicted_after = scrape(url, *predicted)
-    guessed, got = (predicted_after[n] - predicted_before[n] for n in predicted)
+    reasons = {k: v - reasons_before.get(k, 0) for k, v in _summed([decisions(g) for g in setup.ours]).items()}
+    predicted_after = _summed([scrape(g, *predicted) for g in setup.ours])
+    guessed, got = (predicted_after.get(n, 0) - predicted_before.get(n, 0) for n in predicted)
     queries = sum(a[names[0]] - b[names[0]] for a, b in zip(after, before))
     hits = sum(a[names[1]] - b[names[1]] for a, b in zip(after, before))
     return {
@@ -268,7 +287,7 @@ async def measure(url: str, engines: list[str], gateway: str | None, workload: W
         # Of the cached tokens the gateway predicted, how many the engines reported (both over all requests).
         "realized_over_predicted": got / guessed if guessed else float("nan"),
         "same_engine_as_previous_turn": run["same_engine_as_previous_turn"],
-        **load_stats(samples, bound),
+        **load_stats(samples, setup.bound),
         "turns": run["turns"],
     }
 
@@ -407,35 +426,48 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                for i in range(args.engines)]
     ideal = procs.start("ideal", [*common, "--num-kv-blocks", str(args.kv_blocks * args.engines)])
     wait_ready(engines + [ideal])
-    # (policy name, --routing, load bound): the prefix router once per bound.
-    setups = [(p, p, args.load_bound[0]) for p in POLICIES if p != "prefix"]
-    setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c) for i, c in enumerate(args.load_bound)]
-    extra = {}
+    # (policy name, --routing, load bound, extra gateway flags): the prefix router once per bound.
+    setups = [(p, p, args.load_bound[0], []) for p in args.policies if p != "prefix"]
+    if "prefix" in args.policies:
+        setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c, [])
+                   for i, c in enumerate(args.load_bound)]
     if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
-        setups.append(("prefix old", "prefix", 1.25))
-        extra["prefix old"] = ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]
-    gateways, bounds = {}, {}
-    for name, routing, c in setups:
-        gateways[name] = procs.start(f"gateway-{name.replace(' ', '-')}",
-                                     ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines),
-                                      "--routing", routing, "--load-bound", str(c), "--route-headers",
-                                      *extra.get(name, [])])
-        bounds[name] = c
-    gateways["ideal"] = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal,
-                                                      "--route-headers"])
-    bounds["ideal"] = args.load_bound[0]
-    wait_ready(list(gateways.values()), tokenizer=True)
+        setups.append(("prefix old", "prefix", 1.25,
+                       ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]))
+    for variant in args.prefix_variant:
+        name, _, flags = variant.partition(":")
+        setups.append((name, "prefix", args.load_bound[0], flags.split()))
+    chosen: dict[str, Setup] = {}
+    for name, routing, c, extra in setups:
+        for r in (args.routers if routing == "prefix" and name == "prefix" else [1]):
+            label = name if r == 1 else f"{name} x{r}"
+            urls = [procs.start(f"gateway-{label.replace(' ', '-')}-{i}",
+                                ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines), "--routing", routing,
+                                 "--load-bound", str(c), "--route-headers", *extra]) for i in range(r)]
+            chosen[label] = Setup(label, urls, ours=urls, bound=c, loads=gateway_loads(urls, in_flight))
+    if args.vllm_router and have_vllm_router():
+        for r in args.routers:
+            label = "vllm-router" if r == 1 else f"vllm-router x{r}"
+            urls = [start_vllm_router(procs, engines, f"{label.replace(' ', '-')}-{i}", free_port) for i in range(r)]
+            chosen[label] = Setup(label, urls, bound=args.load_bound[0], loads=engine_loads(engines, scrape))
+    ideal_gateway = procs.start("gateway-ideal", ["-m", "pagedkube", "gateway", "--endpoints", ideal,
+                                                  "--route-headers"])
+    chosen["ideal"] = Setup("ideal", [ideal_gateway], ours=[ideal_gateway], bound=args.load_bound[0])
+    wait_ready([u for setup in chosen.values() for u in setup.ours], tokenizer=True)
+    for setup in chosen.values():
+        if not setup.ours:
+            for url in setup.urls:
+                wait_router(url)
     runs: dict = {}
     for workload, concurrency in workloads(args.seed, args.concurrency, args.sessions):
         if args.only and args.only != workload.name:
             continue
         runs[workload.name] = {}
-        for policy, gateway in gateways.items():
+        for policy, setup in chosen.items():
             targets = [ideal] if policy == "ideal" else engines
             salt = f"{policy}-{workload.name}-{args.seed}"
-            result = await measure(gateway, targets, gateway if policy != "ideal" else None, workload.fresh(), salt,
-                                   concurrency, bounds[policy], args.think_ms / 1000, args.seed)
-            result["concurrency"], result["load_bound"] = concurrency, bounds[policy]
+            result = await measure(setup, targets, workload.fresh(), salt, concurrency, args.think_ms / 1000, args.seed)
+            result["concurrency"], result["load_bound"], result["routers"] = concurrency, setup.bound, len(setup.urls)
             runs[workload.name][policy] = result
             print(f"{workload.name:18s} {policy:14s} hit {result['hit_rate']:.3f}  ttft p50 "
                   f"{result['ttft_p50_ms']:.0f} ms p99 {result['ttft_p99_ms']:.0f} ms  "
@@ -463,6 +495,14 @@ def main() -> int:
     parser.add_argument("--old-default", action="store_true",
                         help="also run the prefix router with the defaults before the simulator (c = 1.25, "
                              "--load-floor 0, --ring-key-blocks 16)")
+    parser.add_argument("--policies", type=lambda v: v.split(","), default=list(POLICIES),
+                        help=f"the gateway's policies to run (default {','.join(POLICIES)})")
+    parser.add_argument("--prefix-variant", action="append", default=[], metavar="NAME:FLAGS",
+                        help="also run the prefix router with these gateway flags, e.g. 'floor4:--load-floor 4'")
+    parser.add_argument("--routers", type=lambda v: [int(r) for r in v.split(",")], default=[1],
+                        help="router replicas for `prefix` and vllm-router, e.g. 1,2 (requests split at random)")
+    parser.add_argument("--vllm-router", action="store_true",
+                        help="also run vLLM's router (vllm-router from PyPI, policy cache_aware) on the same engines")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(REPO / "build" / "bench" / "routing"))

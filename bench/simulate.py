@@ -2,7 +2,7 @@
 
     .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
-        [--load-bound 1.5] [--load-floor 4] [--affinity-depth 0] [--ring-key-blocks 256]
+        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--out build/bench/sim]
 
@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_FLOOR  # noqa: E402
+
 from sim.cache_aware import CacheAwareConfig  # noqa: E402
 from sim.engine import EngineConfig  # noqa: E402
 from sim.fleet import FleetConfig, RunResult, simulate  # noqa: E402
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--answer-tokens", type=_list(int), default=[20, 40], help="min,max answer length")
     p.add_argument("--policies", type=_list(str), default=list(POLICIES))
     p.add_argument("--load-bound", type=_list(float), default=[1.5])
-    p.add_argument("--load-floor", type=_list(int), default=[4])
+    p.add_argument("--load-floor", type=_list(int), default=[DEFAULT_LOAD_FLOOR])
     p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
     p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
     p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
@@ -89,7 +91,9 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
     return specs
 
 
-def sweep(args: argparse.Namespace) -> list[RunResult]:
+def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
+    """Every run of the sweep; `on_run(results so far)` after each (partial CSVs
+    of long sweeps survive an interrupted run)."""
     results = []
     lo, hi = args.answer_tokens
     for seed, engines, replicas, rate, delay in itertools.product(args.seed, args.engines, args.replicas, args.rate,
@@ -104,14 +108,20 @@ def sweep(args: argparse.Namespace) -> list[RunResult]:
             started = time.perf_counter()
             result = simulate(fleet, spec, policy)
             group.append(result)
+            if on_run is not None:
+                on_run(results + _with_ideal(group))
             print(f"seed {seed} engines {engines} R {replicas} rate {rate:g}/engine delay {delay:g}: "
                   f"{result.policy:44s} hit {result.hit_rate:.3f} session-hit {result.session_hit_rate:.3f} "
                   f"TTFT p50/p99 {result.ttft_p50_s * 1e3:.0f}/{result.ttft_p99_s * 1e3:.0f} ms "
                   f"max/mean {result.max_mean_run:.2f} overflow {result.overflow_share:.3f} "
                   f"disagree {result.disagreement:.3f} ({time.perf_counter() - started:.1f} s)", flush=True)
-        ideal = next((r.hit_rate for r in group if r.policy == "ideal"), float("nan"))
-        results += [replace(r, ideal_hit_rate=ideal) for r in group]
+        results += _with_ideal(group)
     return results
+
+
+def _with_ideal(group: list[RunResult]) -> list[RunResult]:
+    ideal = next((r.hit_rate for r in group if r.policy == "ideal"), float("nan"))
+    return [replace(r, ideal_hit_rate=ideal) for r in group]
 
 
 def write_csv(results: list[RunResult], path: Path) -> None:
@@ -155,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = sweep(args)
+    results = sweep(args, on_run=lambda so_far: write_csv(so_far, out / "results.csv"))
     write_csv(results, out / "results.csv")
     chart(results, out / "sim.png")
     print(f"wrote {out / 'results.csv'} and {out / 'sim.png'}")

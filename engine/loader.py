@@ -50,15 +50,43 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Used on CUDA when dtype is "auto" and the checkpoint does not say (the usual release dtype).
 DEFAULT_CUDA_DTYPE = "bfloat16"
+# /proc/cpuinfo flags of CPUs with bf16 dot-product instructions (Intel Cooper Lake+/Sapphire
+# Rapids AMX, AMD Zen 4+): oneDNN runs bf16 matmuls natively there, and emulates them elsewhere.
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # precomputed tables some old checkpoints carry
 FLOAT_GGML_TYPES = ("F32", "F16", "BF16")
 
 
-def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
-    """"auto": float32 on CPU (half-precision matmuls are slow there and float32 matches
-    Hugging Face exactly); the checkpoint's torch_dtype on CUDA."""
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU multiplies bf16 in hardware (x86 AVX512_BF16 or AMX-BF16, as Linux's
+    /proc/cpuinfo flags name them); False where that file does not exist."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & CPU_BF16_FLAGS)
+
+
+def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig, quantized: bool = False,
+                  native_bf16: bool | None = None) -> torch.dtype:
+    """The activation (and KV cache) dtype. "auto":
+    - CUDA: the checkpoint's torch_dtype (bfloat16 when it does not say; float16 without bf16);
+    - CPU, quantized weights, a CPU with native bf16: bfloat16. torch's packed int8/int4 CPU
+      matmuls are 5-30x faster with bf16 activations than with float32 ones (docs/benchmarks.md,
+      "Activation dtype on CPU");
+    - CPU otherwise: float32. A float model in float32 computes what Hugging Face's float32
+      reference computes, token for token; bf16 is faster here too but changes outputs, so it
+      is asked for with dtype "bfloat16" rather than given silently.
+    `native_bf16` None = detected (cpu_has_native_bf16)."""
     if requested == "auto":
         if device.type == "cpu":
+            if quantized and (cpu_has_native_bf16() if native_bf16 is None else native_bf16):
+                return torch.bfloat16
             return torch.float32
         name = cfg.torch_dtype or DEFAULT_CUDA_DTYPE
         if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

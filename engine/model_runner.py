@@ -70,6 +70,22 @@ def resolve_model_dir(model: str | None) -> str:
     return str(resolve_model_source(model).path)
 
 
+def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig) -> bool:
+    """Whether the projections will hold packed int8/int4 weights (engine/quant): asked for
+    with quantization int8/int4, or "auto" on a GGUF file with a projection stored in a type
+    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES)."""
+    if config.quantization in ("int8", "int4"):
+        return True
+    if config.quantization != "auto" or model_config.gguf_file is None:
+        return False
+    from pagedkube.engine.gguf.packing import PACKED_TYPES
+    from pagedkube.engine.gguf.reader import GGUFFile
+    from pagedkube.engine.gguf.weights import is_projection
+
+    types = GGUFFile(model_config.gguf_file).tensor_types()
+    return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor      # [T]
@@ -84,7 +100,8 @@ class ModelRunner:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config,
+                                   quantized=serves_quantized_weights(config, self.model_config))
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)

@@ -25,7 +25,6 @@ from starlette.responses import JSONResponse, Response
 from pagedkube.access_log import AccessLog
 from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
-from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.counting import CountResponses, outcome_of
@@ -35,6 +34,7 @@ from pagedkube.gateway.engine_watch import EngineWatcher
 from pagedkube.gateway.errors import (GatewayError, error_body, internal_error, no_endpoint, rate_limited,
                                       route_error, unauthorized)
 from pagedkube.gateway.fast_path import PROXIED, FastPath
+from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.feed_metrics import CacheFeedAge
 from pagedkube.gateway.metrics import GatewayMetrics
 from pagedkube.gateway.openapi import install as install_openapi

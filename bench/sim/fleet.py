@@ -21,7 +21,7 @@ from pagedkube.gateway.routing.types import OVERFLOW
 
 from sim.engine import EngineConfig, SimEngine, SimRequest
 from sim.events import EventLoop
-from sim.gateway import PolicySpec, SimGateway
+from sim.gateway import PolicySpec, SimGateway, WalkMemo
 from sim.timing import PROFILES, TimeModel
 from sim.workloads import SimSession, WorkloadSpec, sessions
 
@@ -37,6 +37,7 @@ class FleetConfig:
     sample_interval_s: float = 1.0     # load samples for max/mean
     ideal_pooled_compute: bool = True  # ideal: n engines' compute as one; False: one engine's
     seed: int = 0
+    memo_walks: bool = True            # remember ring walks (the same results, faster: gateway.WalkMemo)
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.replicas < 1:
@@ -106,7 +107,8 @@ class _Run:
         self.by_url = {e.name: e for e in self.engines}
         urls = [e.name for e in self.engines]
         clock = lambda: self.loop.now  # noqa: E731
-        self.gateways = [SimGateway(f"gw{r}", urls, policy, clock) for r in range(fleet.replicas)]
+        rings = WalkMemo() if fleet.memo_walks else None
+        self.gateways = [SimGateway(f"gw{r}", urls, policy, clock, rings=rings) for r in range(fleet.replicas)]
         self.rng = random.Random(f"{fleet.seed}/replica-split")
         self.ttft: list[float] = []
         self.queue: list[float] = []

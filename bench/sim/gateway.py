@@ -10,7 +10,7 @@ own requests in flight, as vllm-router does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from pagedkube.gateway.endpoints import READY, EndpointSet
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, BoundedLoad
@@ -18,7 +18,7 @@ from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH, PrefixPicker
 from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
-from pagedkube.gateway.routing.ring import DEFAULT_VNODES, RingCache
+from pagedkube.gateway.routing.ring import DEFAULT_VNODES, HashRing, RingCache
 from pagedkube.gateway.routing.types import Decision, RoutingInput
 
 from sim.cache_aware import CacheAwareConfig, CacheAwarePicker
@@ -49,16 +49,56 @@ class PolicySpec:
         return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}"
 
 
+class _MemoRing:
+    """A HashRing's walks, remembered: a walk is a pure function of the endpoint
+    set and the key, and a session walks from the same key on every turn."""
+    __slots__ = ("ring", "walks", "size")
+
+    def __init__(self, ring: HashRing, size: int):
+        self.ring, self.walks, self.size = ring, {}, size
+
+    def walk(self, key: bytes) -> list[str]:
+        walk = self.walks.get(key)
+        if walk is None:
+            walk = self.walks[key] = self.ring.walk(key)
+            if len(self.walks) > self.size:
+                del self.walks[next(iter(self.walks))]   # the oldest: only speed depends on it
+        return list(walk)
+
+    def __len__(self) -> int:
+        return len(self.ring)
+
+
+class WalkMemo(RingCache):
+    """The gateway's RingCache with remembered walks, shared by a run's gateway
+    replicas: the same answers as RingCache (tests/sim/test_fleet.py checks the
+    rows are identical), found once per session instead of at every decision
+    (bench/simulate.py's profile at 256 engines: the walk was a quarter of the run)."""
+
+    def __init__(self, vnodes: int = DEFAULT_VNODES, size: int = 1 << 16):
+        super().__init__(vnodes)
+        self.size = size
+        self._last: list[str] | None = None
+        self._memo: _MemoRing | None = None
+
+    def get(self, endpoints: Iterable[str]) -> _MemoRing:   # type: ignore[override]
+        endpoints = list(endpoints)
+        if endpoints != self._last or self._memo is None:
+            self._last, self._memo = endpoints, _MemoRing(super().get(endpoints), self.size)
+        return self._memo
+
+
 class SimGateway:
     def __init__(self, name: str, urls: list[str], policy: PolicySpec, clock: Callable[[], float],
-                 vnodes: int = DEFAULT_VNODES, index_capacity: int = DEFAULT_CAPACITY):
+                 vnodes: int = DEFAULT_VNODES, index_capacity: int = DEFAULT_CAPACITY,
+                 rings: RingCache | None = None):
         self.name = name
         self.policy = policy
         self.clock = clock
         self.endpoints = EndpointSet(clock=clock)
         self.endpoints.update(dict.fromkeys(urls, READY))
         self.index = PrefixIndex(index_capacity)
-        rings = RingCache(vnodes)
+        rings = rings if rings is not None else RingCache(vnodes)
         if policy.name == "round-robin":
             self.picker = RoundRobinPicker()
         elif policy.name == "least-load":

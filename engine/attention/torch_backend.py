@@ -3,7 +3,8 @@
 torch_ref.paged_attention loops over sequences in Python, a dozen small ops
 each; in a decode step of 64 sequences on a CPU that loop is most of the step.
 Here every sequence with exactly one query token (a decode) is computed in one
-batched pass over a padded gather of the pool; sequences with more query tokens
+batched pass (also a lone decode: one SDPA call costs 40-50% of torch_ref's dozen ops per
+sequence, docs/benchmarks.md "Decode step (CPU)") over a padded gather of the pool; sequences with more query tokens
 (prefill chunks, few per step) go through torch_ref itself. The results equal
 torch_ref's up to float summation order (tests/engine/test_torch_backend.py).
 
@@ -53,7 +54,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     starts = meta.query_start_loc.tolist()
     q_lens = [starts[b + 1] - starts[b] for b in range(meta.num_seqs)]
     decode = [b for b, n in enumerate(q_lens) if n == 1]
-    if len(decode) < 2:                      # nothing to batch
+    if not decode:                           # prefill chunks only
         return torch_ref.paged_attention(query, k_cache, v_cache, meta, scale)
     out = torch.empty_like(query)
     rows = torch.tensor([starts[b] for b in decode], device=query.device)

@@ -118,13 +118,19 @@ async def retrieve_model(model: str, request: Request) -> dict:
     return _model_card(state)
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict:
-    """vLLM's shape: {"count", "max_model_len", "tokens", "token_strs"}."""
+def _loaded_state(request: Request, model: str | None) -> ServerState:
+    """The server state once the model is loaded (503 before), `model` checked against it."""
     state = _state(request)
     if state.info is None:
         raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
-    state.check_model(body.model)
+    state.check_model(model)
+    return state
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+    """vLLM's shape: {"count", "max_model_len", "tokens", "token_strs"}."""
+    state = _loaded_state(request, body.model)
     tokenizer = tokenizer_for(state, "messages" if isinstance(body, TokenizeChatRequest) else "prompt")
     if isinstance(body, TokenizeChatRequest):
         text = render_chat(state, [m.to_template() for m in body.messages], body.add_generation_prompt,
@@ -139,10 +145,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
-    state = _state(request)
-    if state.info is None:
-        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
-    state.check_model(body.model)
+    state = _loaded_state(request, body.model)
     tokenizer = tokenizer_for(state, "tokens")
     bad = next((t for t in body.tokens if t >= state.info.vocab_size), None)
     if bad is not None:

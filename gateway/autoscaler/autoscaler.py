@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pagedkube.gateway.autoscaler.cache_worth import CacheWorth
-from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig, Stabilizer, bounded, desired_replicas
 from pagedkube.gateway.autoscaler.target import ScaleTarget
 from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.hold import HoldQueue
 
 log = logging.getLogger("pagedkube.autoscaler")
 

@@ -7,8 +7,8 @@ from pagedkube.builtin import resolve_model
 from pagedkube.engine.kv_cache_manager import KVCacheManager
 from pagedkube.engine.output_processor import RequestState, StreamDetokenizer
 from pagedkube.engine.sampling_params import SamplingParams
-from pagedkube.engine.scheduler import Scheduler, SeqUpdate
-from pagedkube.engine.sequence import SampleOutput, Sequence, SequenceStatus
+from pagedkube.engine.scheduler import Scheduler
+from pagedkube.engine.sequence import SampleOutput, Sequence
 from pagedkube.tokenizer import Tokenizer
 
 

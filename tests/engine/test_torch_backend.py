@@ -39,7 +39,8 @@ def make_step(q_lens: list[int], seq_lens: list[int], num_q_heads: int, num_kv_h
 @pytest.mark.parametrize("q_lens, seq_lens", [
     ([1, 1, 1, 1], [1, 9, 33, 17]),                       # decode only, one of length 1
     ([1, 7, 1, 12, 1], [21, 7, 5, 30, 64]),               # mixed: chunked prefill + decodes
-    ([5, 1], [5, 40]),                                    # a single decode: plain torch_ref path
+    ([5, 1], [5, 40]),                                    # a prefill chunk and a single decode
+    ([1], [37]),                                          # batch-1 decode: the batched path, B = 1
 ])
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (6, 1)], ids=["gqa", "mha", "mqa"])
 def test_matches_reference(q_lens, seq_lens, heads):

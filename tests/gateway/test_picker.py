@@ -179,7 +179,7 @@ def test_head_only_rule_no_head_blocks_means_any_prefix():
 
 
 def test_defaults_and_bad_values():
-    assert (BoundedLoad().c, BoundedLoad().floor) == (1.5, 4)   # DESIGN.md §6's c; the simulator's floor
+    assert (BoundedLoad().c, BoundedLoad().floor) == (1.5, 8)   # DESIGN.md §6's c; the simulator's floor
     picker = PrefixPicker(PrefixIndex(), BoundedLoad(), RingCache())
     assert picker.affinity_depth == 0   # any held prefix (the simulator overturned "head")
     assert picker.required_depth(turn("s", n_blocks=9, head_blocks=4)) == 1

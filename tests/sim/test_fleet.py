@@ -35,6 +35,8 @@ def test_same_seed_same_output_other_seed_other_output():
     a = simulate(fleet, spec, PolicySpec("prefix")).row()
     b = simulate(fleet, spec, PolicySpec("prefix")).row()
     assert a == b
+    # Remembered ring walks (the simulator's speed-up) change nothing.
+    assert simulate(replace(fleet, memo_walks=False), spec, PolicySpec("prefix")).row() == a
     c = simulate(replace(fleet, seed=1), replace(spec, seed=1), PolicySpec("prefix")).row()
     assert (c["hit_rate"], c["ttft_p50_s"]) != (a["hit_rate"], a["ttft_p50_s"])
 
@@ -58,29 +60,40 @@ def test_default_routing_against_ideal_round_robin_and_cache_aware(grid, load, r
     run = {name: grid[(load, replicas, name)] for name in POLICIES}
     ours, ideal, rr, ca = run["default"], run["ideal"], run["round-robin"], run["cache-aware"]
     assert ours.hit_rate >= 0.90 * ideal.hit_rate
-    # Every engine caches the three product prompts under any policy, so on all prompt
-    # tokens even round-robin hits ~85% and 2x is arithmetically out of reach (the ideal
-    # is 1.1-1.2x). The 2x target applies to what routing controls: the tokens after
-    # the product prompt (profile and conversation).
+    # 2x round-robin on the whole prompt is arithmetically out of reach here: every
+    # engine caches the three product prompts under any policy, so round-robin hits
+    # 0.83-0.86 and even the ideal is below twice that. The 2x target applies to what
+    # routing controls: the tokens after the product prompt (profile and conversation).
+    assert ideal.hit_rate < 2 * rr.hit_rate
     assert ours.session_hit_rate >= 2 * rr.session_hit_rate
+    # Beyond the product prompt the default matches or beats cache_aware in every cell.
+    assert ours.session_hit_rate >= ca.session_hit_rate
     if (load, replicas) == ("low", 1):
-        # The one cell cache_aware wins: at low load it piles every session of a
-        # product on one engine, which costs it nothing there; our bound moved 4 first
-        # turns, each a cold product prompt (docs/benchmarks.md "Simulator: routing at fleet scale": not met).
-        assert ca.hit_rate - 0.01 <= ours.hit_rate < ca.hit_rate
+        # The one cell cache_aware wins on the whole prompt, by two product prompts: two
+        # sessions of a product arrived while its first session's prefill was still
+        # running, so no engine had reported its blocks and the ring sent them to
+        # other engines (5 ring decisions against cache_aware's 3 misses: its tree
+        # records a prompt when it routes it). Nothing moved (no overflow), and beyond
+        # the product prompt the two are equal (docs/benchmarks.md "Simulator: routing
+        # at fleet scale": the cold-start keys that close it cost more on real chat
+        # templates).
+        assert ours.reasons == {"ring": 5, "affinity": ours.requests - 5}
+        assert ca.hit_rate - 0.004 <= ours.hit_rate < ca.hit_rate
     else:
         assert ours.hit_rate >= ca.hit_rate
     if load == "high":
         # The bound holds at each placement on the gateway's view; over the run each
-        # engine's mean load stays within c of the mean (1.51 at R=1: requests end unevenly).
+        # engine's mean load stays within c of the mean (1.54 at R=1: requests end unevenly).
         assert ours.max_mean_run <= DEFAULT_LOAD_BOUND + 0.05
         assert ours.ttft_p99_s < ca.ttft_p99_s
     if replicas == 1:
         assert ours.disagreement == 0.0
     else:
-        # With the feed's 5 ms delay and 1 s scrapes replicas differ on a few decisions,
-        # where cache_aware's private trees differ on most.
-        assert 0.0 < ours.disagreement < ca.disagreement
+        # With the feed's 5 ms delay and 1 s scrapes replicas differ on some decisions
+        # at high load (none at low load, where the floor keeps every choice on the
+        # holder), where cache_aware's private trees differ on most.
+        assert ours.disagreement < ca.disagreement
+        assert (ours.disagreement > 0.0) == (load == "high")
 
 
 def test_replicas_with_identical_views_never_disagree():

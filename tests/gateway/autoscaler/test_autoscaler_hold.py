@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
-from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import NOT_READY, READY, EndpointSet
 from pagedkube.gateway.errors import GatewayError
+from pagedkube.gateway.hold import HoldQueue
 
 A, B, C = "http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"
 

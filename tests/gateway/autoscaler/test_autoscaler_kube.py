@@ -14,12 +14,12 @@ import pytest
 import pytest_asyncio
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
-from pagedkube.gateway.hold import HoldQueue
 from pagedkube.gateway.autoscaler.kube import DELETION_COST, KubeApi, KubeScaleTarget
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import READY, EndpointSet
+from pagedkube.gateway.hold import HoldQueue
 from kmock._internal import enums
 from prometheus_client import CollectorRegistry
 
