@@ -41,10 +41,11 @@ def test_cache_feed_carries_the_gateway_hashes(model_dir):
     assert llm.engine.stats().prefix_cache_hits == 16
 
 
-def test_seeded_n_samples_reproducible_under_preemption(model_dir):
+@pytest.mark.parametrize("quantization", ["none", "int4"])   # int4: the same with packed weights
+def test_seeded_n_samples_reproducible_under_preemption(model_dir, quantization):
     params = SamplingParams(n=3, temperature=1.0, top_k=50, seed=7, max_tokens=10, ignore_eos=True)
-    roomy = make_llm(model_dir, num_kv_blocks=64).generate([PROMPT, PROMPT[:9]], params)
-    tight_llm = make_llm(model_dir, num_kv_blocks=12, max_num_batched_tokens=6)
+    roomy = make_llm(model_dir, num_kv_blocks=64, quantization=quantization).generate([PROMPT, PROMPT[:9]], params)
+    tight_llm = make_llm(model_dir, num_kv_blocks=12, max_num_batched_tokens=6, quantization=quantization)
     tight = tight_llm.generate([PROMPT, PROMPT[:9]], params)
     assert tight_llm.engine.stats().num_preemptions > 0
     assert_pool_invariants(tight_llm.engine.kv_manager.pool, idle=True)

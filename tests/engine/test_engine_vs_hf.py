@@ -4,6 +4,11 @@ generate, token for token in float32, for every supported family.
 Each scenario squeezes a different part: a tiny token budget forces chunked
 prefill, a tiny pool forces preemption, the prefix cache is on or off. The
 allocator invariants are asserted after every engine step.
+
+Once more with --quantization int4 (one family, llama: GQA and an untied lm_head): the
+packed weights are not Hugging Face's, so there the expected tokens are the engine's
+own, each prompt run alone with the whole prompt in one step and no prefix cache; every
+scenario must reproduce them exactly as the float engine reproduces Hugging Face's.
 """
 from __future__ import annotations
 
@@ -34,24 +39,38 @@ SCENARIOS = {
 }
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+# (family, quantization): every family in float, and llama once more with int4 weights
+CASES = [(family, "none") for family in FAMILIES] + [("llama", "int4")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f if q == "none" else f"{f}-{q}" for f, q in CASES])
 def family_model(request, tmp_path_factory):
-    """(model dir, HF greedy continuation of each prompt)."""
-    path = make_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
-    hf = load_hf_model(path)
+    """(model dir, quantization, greedy continuation of each prompt: HF's, or the engine's alone)."""
+    family, quantization = request.param
+    path = make_tiny_model(family, tmp_path_factory.mktemp(family))
     expected = {}
+    if quantization != "none":
+        for prompt in PROMPTS:
+            alone = LLM(str(path), device="cpu", dtype="float32", block_size=BLOCK_SIZE, attention_backend="torch",
+                        num_kv_blocks=64, enable_prefix_caching=False, quantization=quantization)
+            expected[tuple(prompt)] = alone.generate([prompt], GREEDY)[0].outputs[0].token_ids
+        return path, quantization, expected
+    hf = load_hf_model(path)
     with torch.inference_mode():
         for prompt in PROMPTS:
             out = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
                               eos_token_id=None, pad_token_id=0)
             expected[tuple(prompt)] = out[0, len(prompt):].tolist()
-    return path, expected
+    return path, quantization, expected
 
 
-def checked_llm(path, **kwargs) -> LLM:
+def checked_llm(path, quantization: str, **kwargs) -> LLM:
     """An LLM whose every step asserts the allocator invariants and logs its batch."""
     llm = LLM(str(path), device="cpu", dtype="float32", block_size=BLOCK_SIZE, attention_backend="torch",
-              **kwargs)
+              quantization=quantization, **kwargs)
+    if quantization != "none":
+        kernels = {m.kernel.name for m in llm.engine.runner.model.modules() if hasattr(m, "kernel")}
+        assert kernels == {"int4pack"}, kernels                 # really the packed weights
     engine = llm.engine
     engine.batches = []
     schedule, step = engine.scheduler.schedule, engine.step
@@ -78,8 +97,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_batch_matches_hf(family_model, scenario):
-    path, expected = family_model
-    llm = checked_llm(path, **SCENARIOS[scenario])
+    path, quantization, expected = family_model
+    llm = checked_llm(path, quantization, **SCENARIOS[scenario])
     outs = llm.generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs):
         assert out.prompt_token_ids == prompt
@@ -105,8 +124,8 @@ def test_batch_matches_hf(family_model, scenario):
 
 
 def test_shared_prefix_hit_and_n_samples(family_model):
-    path, expected = family_model
-    llm = checked_llm(path, num_kv_blocks=64)
+    path, quantization, expected = family_model
+    llm = checked_llm(path, quantization, num_kv_blocks=64)
     first = llm.generate([PROMPTS[1]], GREEDY)[0]
     second = llm.generate([PROMPTS[3]], SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, n=2))[0]
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 12   # SHARED = 3 blocks

@@ -118,3 +118,22 @@ def test_wrong_weight_shape_is_a_value_error():
     layer = QuantLinear(64, 32, bias=False)
     with pytest.raises(ValueError, match=r"weight of shape \(16, 64\) for a linear layer of \(32, 64\)"):
         layer.set_weight(torch.zeros(16, 64), torch.float32, torch.device("cpu"), "test")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_cuda_layer_matches_the_dequantized_matmul(fmt):
+    """On CUDA the layer calls the Triton W8A16/W4A16 kernels (dense until they exist), bf16 activations."""
+    gen = torch.Generator().manual_seed(3)
+    n, k = 256, 576
+    w = random_int8(n, k, k, gen) if fmt == "int8" else random_int4(n, k, 32, gen)
+    layer = QuantLinear(k, n, bias=False)
+    layer.set_weight(w, torch.bfloat16, torch.device("cuda"), "test")
+    assert layer.kernel.name in ("triton", "dense")
+    for m in MS:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        y = layer(x.cuda()).float().cpu()
+        dense = dequantize(w)
+        err = (y - x.float() @ dense.T).abs()
+        assert (err <= TOL * (x.float().abs() @ dense.abs().T) + 1e-6).all()

