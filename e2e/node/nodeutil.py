@@ -35,10 +35,11 @@ def component_logs(kube: Kube, name: str, namespace: str, component: str, tail: 
 
 
 def llmservice(name: str, namespace: str, spec: dict) -> dict:
-    """An LLMService whose engine and gateway images are never pulled."""
+    """An LLMService whose engine and gateway images are never pulled, and whose gateway
+    names the engine that answered (x-pagedkube-endpoint: routeHeaders, off by default)."""
     spec = {**spec,
             "engine": {**spec.get("engine", {}), "imagePullPolicy": "Never"},
-            "gateway": {**spec.get("gateway", {}), "imagePullPolicy": "Never"}}
+            "gateway": {**spec.get("gateway", {}), "imagePullPolicy": "Never", "routeHeaders": True}}
     return {"apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 

@@ -58,13 +58,11 @@ def _check(layer: QuantLinear, w, x: torch.Tensor, bias: torch.Tensor | None = N
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("group_size", [32, 64, "K"])
+@pytest.mark.parametrize(("shape", "group_size"),
+                         [(s, g) for s in SHAPES for g in (32, 64, "K") if g == "K" or s[1] % g == 0])
 def test_int4_matches_the_dequantized_matmul(shape, group_size, dtype):
     n, k = shape
     g = k if group_size == "K" else group_size
-    if k % g:
-        pytest.skip(f"{g} does not divide {k}")
     gen = torch.Generator().manual_seed(n * k + (g if isinstance(g, int) else 0))
     w = random_int4(n, k, g, gen)
     layer = _layer(w, dtype)
