@@ -14,7 +14,8 @@ slot_mapping[t] = block_id * block_size + offset for each new token (< 0: skip).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor     # [B, max_blocks_per_seq] int32, padded with 0
     max_query_len: int
     max_seq_len: int
+    # What a backend derives from this layout once per step and reuses in every layer
+    # (torch_backend's decode plan), keyed by the backend; not part of the layout.
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

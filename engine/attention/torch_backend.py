@@ -8,6 +8,11 @@ sequence, docs/benchmarks.md "Decode step (CPU)") over a padded gather of the po
 (prefill chunks, few per step) go through torch_ref itself. The results equal
 torch_ref's up to float summation order (tests/engine/test_torch_backend.py).
 
+Which rows decode, their block ids and their context mask are the same in every layer of
+a step: the first layer derives them (the step's only host syncs here) into a DecodePlan
+kept in meta.derived, and the other layers reuse it; a step where every sequence decodes
+(most steps) writes its output without a scatter.
+
 Decode pass, B decoding sequences, W = block_tables width, S = W * block_size:
 
     k = k_cache[block_tables]          [B, W, block_size, Hkv, D] -> [B, S, Hkv, D]
@@ -16,6 +21,8 @@ Decode pass, B decoding sequences, W = block_tables width, S = W * block_size:
     (torch's scaled_dot_product_attention on strided views: no layout copies)
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,55 +33,80 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 write_kv = torch_ref.write_kv
 
 
+@dataclass(frozen=True)
+class DecodePlan:
+    """One step's decode layout, derived once (host syncs included) and reused by every layer."""
+    rows: torch.Tensor | None        # token rows of the decodes; None: every sequence decodes, in order
+    tables: torch.Tensor             # [B * W] int64 block ids of the decoding sequences, row-major
+    valid: torch.Tensor              # [B, 1, 1, S] bool: position s < seq_len
+    others: AttentionMetadata | None # the sequences with more query tokens, as their own batch
+    token_index: torch.Tensor | None # their token rows
+
+
+def plan_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan | None:
+    """None when no sequence decodes (prefill chunks only)."""
+    starts = meta.query_start_loc.tolist()
+    q_lens = [starts[b + 1] - starts[b] for b in range(meta.num_seqs)]
+    decode = [b for b, n in enumerate(q_lens) if n == 1]
+    if not decode:
+        return None
+    device = meta.seq_lens.device
+    all_lens = meta.seq_lens.tolist()
+    width = -(-max(all_lens[b] for b in decode) // block_size)   # blocks the longest decode needs
+    every = len(decode) == meta.num_seqs
+    index = None if every else torch.tensor(decode, device=device)
+    tables = meta.block_tables[:, :width] if every else meta.block_tables[index, :width]
+    seq_lens = meta.seq_lens if every else meta.seq_lens[index]
+    valid = torch.arange(width * block_size, device=device)[None, :] < seq_lens.long()[:, None]
+    rows = None if every else torch.tensor([starts[b] for b in decode], device=device)
+    others = token_index = None
+    rest = [b for b, n in enumerate(q_lens) if n > 1]
+    if rest:
+        token_index = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in rest]).to(device)
+        lens = torch.tensor([0] + [q_lens[b] for b in rest])
+        others = AttentionMetadata(
+            slot_mapping=meta.slot_mapping[token_index],
+            query_start_loc=torch.cumsum(lens, 0).to(meta.query_start_loc),
+            seq_lens=meta.seq_lens[rest],
+            block_tables=meta.block_tables[rest],
+            max_query_len=max(q_lens[b] for b in rest),
+            max_seq_len=max(all_lens[b] for b in rest),
+        )
+    return DecodePlan(rows, tables.reshape(-1).long(), valid[:, None, None, :], others, token_index)
+
+
 def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """query [B, Hq, D], one token per sequence at position seq_lens[b] - 1 -> out [B, Hq, D]."""
+                     tables: torch.Tensor, valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """query [B, Hq, D], one token per sequence; tables [B * W] their blocks; valid
+    [B, 1, 1, W * block_size] which positions are context -> out [B, Hq, D]."""
     num_seqs, num_q_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     assert num_q_heads % num_kv_heads == 0, (num_q_heads, num_kv_heads)
     group = num_q_heads // num_kv_heads
-    width = block_tables.shape[1]
-    max_len = width * k_cache.shape[1]
-    tables = block_tables.reshape(-1).long()
+    max_len = valid.shape[-1]
     # One gather of whole blocks, then views: [B, S, Hkv, D] seen as [B, Hkv, S, D].
     # Positions past seq_len are masked out of the softmax; they hold finite values (the
     # pool starts zeroed and only write_kv writes to it), so they add exact zeros.
     k = k_cache.flatten(1).index_select(0, tables).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.flatten(1).index_select(0, tables).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
     q = query.view(num_seqs, num_kv_heads, group, head_dim)
-    valid = torch.arange(max_len, device=query.device)[None, :] < seq_lens.long()[:, None]   # [B, S]
-    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=valid[:, None, None, :],
-                                         scale=scale)
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=valid, scale=scale)
     return out.reshape(num_seqs, num_q_heads, head_dim).to(query.dtype)
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Same contract as torch_ref.paged_attention: query [T, Hq, D] -> out [T, Hq, D]."""
-    starts = meta.query_start_loc.tolist()
-    q_lens = [starts[b + 1] - starts[b] for b in range(meta.num_seqs)]
-    decode = [b for b, n in enumerate(q_lens) if n == 1]
-    if not decode:                           # prefill chunks only
+    if "torch" not in meta.derived:          # the first layer of the step plans for all
+        meta.derived["torch"] = plan_decodes(meta, k_cache.shape[1])
+    plan: DecodePlan | None = meta.derived["torch"]
+    if plan is None:                         # prefill chunks only
         return torch_ref.paged_attention(query, k_cache, v_cache, meta, scale)
+    if plan.rows is None:                    # decodes only (most steps): no scatter
+        return decode_attention(query, k_cache, v_cache, plan.tables, plan.valid, scale)
     out = torch.empty_like(query)
-    rows = torch.tensor([starts[b] for b in decode], device=query.device)
-    index = torch.tensor(decode, device=query.device)
-    seq_lens = meta.seq_lens[index]
-    all_lens = meta.seq_lens.tolist()
-    width = -(-max(all_lens[b] for b in decode) // k_cache.shape[1])   # blocks the longest decode needs
-    out[rows] = decode_attention(query[rows], k_cache, v_cache, meta.block_tables[index, :width],
-                                 seq_lens, scale)
-    others = [b for b, n in enumerate(q_lens) if n > 1]
-    if others:
-        token_index = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in others]).to(query.device)
-        lens = torch.tensor([0] + [q_lens[b] for b in others])
-        sub = AttentionMetadata(
-            slot_mapping=meta.slot_mapping[token_index],
-            query_start_loc=torch.cumsum(lens, 0).to(meta.query_start_loc),
-            seq_lens=meta.seq_lens[others],
-            block_tables=meta.block_tables[others],
-            max_query_len=max(q_lens[b] for b in others),
-            max_seq_len=max(all_lens[b] for b in others),
-        )
-        out[token_index] = torch_ref.paged_attention(query[token_index], k_cache, v_cache, sub, scale)
+    out[plan.rows] = decode_attention(query[plan.rows], k_cache, v_cache, plan.tables, plan.valid, scale)
+    if plan.others is not None:
+        out[plan.token_index] = torch_ref.paged_attention(query[plan.token_index], k_cache, v_cache,
+                                                          plan.others, scale)
     return out

@@ -71,3 +71,25 @@ def test_decode_reads_only_its_own_context():
     flat_k[~used] = 1e4
     flat_v[~used] = -1e4
     assert torch.equal(torch_backend.paged_attention(query, k_cache, v_cache, meta, 0.3), clean)
+
+
+@pytest.mark.parametrize("q_lens, seq_lens", [
+    ([1, 1, 1], [5, 9, 2]),                 # decodes only: no scatter
+    ([1, 6, 1], [7, 6, 13]),                # decodes around a prefill chunk
+    ([3, 4], [3, 9]),                       # no decode: the plan says so
+])
+def test_a_step_plans_once_and_every_layer_reuses_it(q_lens, seq_lens):
+    """The decode plan (host syncs included) is derived by the first layer of a step and
+    reused by the next ones, which hold other K/V in pools of the same layout."""
+    query, k_cache, v_cache, meta = make_step(q_lens, seq_lens, 4, 2, 8, torch.float32, seed=3)
+    scale = 8 ** -0.5
+    first = torch_backend.paged_attention(query, k_cache, v_cache, meta, scale)
+    plan = meta.derived["torch"]
+    assert (plan is None) == (1 not in q_lens)
+    layer2_k, layer2_v = k_cache.flip(0).contiguous(), v_cache.flip(0).contiguous()
+    second = torch_backend.paged_attention(query, layer2_k, layer2_v, meta, scale)
+    assert meta.derived["torch"] is plan
+    fresh = AttentionMetadata(meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                              meta.max_query_len, meta.max_seq_len)
+    torch.testing.assert_close(first, torch_ref.paged_attention(query, k_cache, v_cache, fresh, scale))
+    torch.testing.assert_close(second, torch_ref.paged_attention(query, layer2_k, layer2_v, fresh, scale))
