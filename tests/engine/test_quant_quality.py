@@ -18,19 +18,12 @@ room for another CPU's (a different vector path rounds bf16 sums differently).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
-from pagedkube.model_source import DEFAULT_MODEL, NAMED_MODELS
+from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-if importlib.util.find_spec(NAMED_MODELS[DEFAULT_MODEL].package) is None:
-    if os.environ.get("CI"):
-        raise RuntimeError(f"CI must run the real-model tests: `make install` installs {NAMED_MODELS[DEFAULT_MODEL].requirement}")
-    pytest.skip(f"{NAMED_MODELS[DEFAULT_MODEL].requirement} is not installed (make install installs it)",
-                allow_module_level=True)
+require_default_model()
 
 NUM_TOKENS = 32
 # mode -> (agreement, mean |dlogprob|), recorded 2026-12-01 on the AMD EPYC (Zen 4, AVX-512 bf16) dev machine.
@@ -47,12 +40,6 @@ RECORDED = {
 AGREEMENT_MARGIN = 0.15       # absolute: about 5 of the 32 chats diverging at their first token
 DLOGPROB_MARGIN = 1.0         # relative: |dlogprob| may double
 
-SYSTEM = ("You are Pawly, a friendly pet-care companion. Answer questions about dogs and cats kindly and "
-          "briefly. Always suggest a visit to the vet when symptoms sound serious.")
-DOGS = [("Rex", "a 3 year old beagle who pulls on the leash"), ("Luna", "a 9 year old labrador with itchy skin"),
-        ("Milo", "a puppy dachshund who chews shoes"), ("Ruby", "a shy 5 year old poodle")]
-QUESTIONS = ["How often should I feed {n}?", "{n} ate some grass. Should I worry?",
-             "How do I teach {n} to come when called?", "What treats are safe for {n}?"]
 
 
 def chats() -> list[list[dict]]:

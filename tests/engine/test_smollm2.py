@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from default_model import require_default_model
+from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
 from pagedkube.model_source import DEFAULT_MODEL, resolve_model_source
 
 # ~2 minutes on an idle 2-core CI machine; the limit leaves room for a shared one
@@ -23,12 +23,6 @@ MAX_TOKENS = 24          # short: 16 x 24 greedy tokens of HF generate take ~40 
 TOKEN_BUDGET = 48        # max_num_batched_tokens: prompts run 40-200 tokens, so every one is chunked
 require_default_model()
 
-SYSTEM = ("You are Pawly, a friendly pet-care companion. Answer questions about dogs and cats kindly and "
-          "briefly. Always suggest a visit to the vet when symptoms sound serious.")
-DOGS = [("Rex", "a 3 year old beagle who pulls on the leash"), ("Luna", "a 9 year old labrador with itchy skin"),
-        ("Milo", "a puppy dachshund who chews shoes"), ("Ruby", "a shy 5 year old poodle")]
-QUESTIONS = ["How often should I feed {n}?", "{n} ate some grass. Should I worry?",
-             "How do I teach {n} to come when called?", "What treats are safe for {n}?"]
 REPLIES = ["Twice a day is usual for an adult dog.", "A little grass is normally harmless.",
            "Start indoors with treats and a happy voice."]
 
