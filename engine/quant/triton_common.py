@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 try:
-    import triton  # noqa: F401  (fail here, with the message below, when triton is missing)
+    import triton  # (fail here, with the message below, when triton is missing)
     from triton.runtime.interpreter import InterpretedFunction
 except ImportError as exc:  # pragma: no cover - exercised only where triton is absent
     raise ImportError("the Triton W8A16/W4A16 kernels need the `triton` package "
@@ -78,3 +78,28 @@ def dot_flags(kernel, dtype: torch.dtype) -> dict:
 def matmul_fallback(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
     """A group size with no K tile inside it (not a multiple of 16): dequantize, then matmul."""
     return (x.to(torch.float32) @ dequantize(w).T).to(x.dtype)
+
+
+def launch(name: str, kernel, x: torch.Tensor, w: QuantizedWeight, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Checks x, picks the tiles and runs `kernel(x, *weights, out, M, N, K, strides...)`: the
+    launch both W8A16 and W4A16 share (weights: the tensors between x and out, qweight first).
+    Groups no tile fits take the dequantize-then-matmul fallback."""
+    x = check_inputs(name, kernel, x, w)
+    block_k = block_k_for(w.group_size)
+    if block_k is None:
+        return matmul_fallback(x, w)
+    m, k = x.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    block_m = block_m_for(m)
+    block_n = DECODE_BLOCK_N if m <= 16 else PREFILL_BLOCK_N
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    kernel[grid](
+        x, *weights, out, m, n, k,
+        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+        GROUP=w.group_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        **dot_flags(kernel, x.dtype),
+    )
+    return out

@@ -54,24 +54,6 @@ def w4a16_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     """x [M, K] fp16/bf16/fp32 on CUDA (or under TRITON_INTERPRET=1) -> [M, N] in x's dtype."""
     if not isinstance(w, Int4Weight):
         raise ValueError(f"w4a16_matmul: expected an Int4Weight, got {type(w).__name__}")
-    x = common.check_inputs("w4a16_matmul", _w4a16_kernel, x, w)
     if w.scales.stride() != w.mins.stride():
         raise ValueError("w4a16_matmul: scales and mins must have the same strides")
-    block_k = common.block_k_for(w.group_size)
-    if block_k is None:
-        return common.matmul_fallback(x, w)
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    block_m = common.block_m_for(m)
-    block_n = common.DECODE_BLOCK_N if m <= 16 else common.PREFILL_BLOCK_N
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _w4a16_kernel[grid](
-        x, w.qweight, w.scales, w.mins, out, m, n, k,
-        x.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-        GROUP=w.group_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        **common.dot_flags(_w4a16_kernel, x.dtype),
-    )
-    return out
+    return common.launch("w4a16_matmul", _w4a16_kernel, x, w, (w.qweight, w.scales, w.mins))
