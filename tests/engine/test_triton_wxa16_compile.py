@@ -7,9 +7,7 @@ dots and fp32 with ieee, group-sized K tiles of 32 and 128.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from triton_aot import compile_cubin, run_script
 
 # (kernel, activation dtype, sm, constexprs)
 CONFIGS = [
@@ -38,26 +36,16 @@ def _signature(fn, kind: str, dtype: str, const: dict) -> dict:
 
 
 def compile_all() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
     from pagedkube.engine.quant import triton_w4a16, triton_w8a16
     kernels = {"w8a16": triton_w8a16._w8a16_kernel, "w4a16": triton_w4a16._w4a16_kernel}
     for kind, dtype, sm, const in CONFIGS:
         fn = kernels[kind]
         const = {**const, "UPCAST_DOT": False, "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32"}
-        src = triton.compiler.ASTSource(fn, _signature(fn, kind, dtype, const), const)
-        kernel = triton.compile(src, target=GPUTarget("cuda", sm, 32), options=dict(num_warps=4))
-        assert kernel.asm["cubin"], kind
-        assert kernel.metadata.shared <= 99 * 1024, (kind, dtype, kernel.metadata.shared)
-        print(f"compiled {kind} {dtype} sm_{sm}: shared={kernel.metadata.shared}B", flush=True)
+        compile_cubin(fn, _signature(fn, kind, dtype, const), const, sm, f"{kind} {dtype}")
 
 
 def test_wxa16_kernels_compile_for_sm80_and_sm90():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("compiled ") == len(CONFIGS), res.stdout
+    run_script(__file__, len(CONFIGS))
 
 
 if __name__ == "__main__":
