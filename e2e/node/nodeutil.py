@@ -67,6 +67,14 @@ def engine_pods(kube: Kube, name: str, namespace: str) -> list[dict]:
                      f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine")["items"]
 
 
+def forward_to_gateway(kube: Kube, processes: Processes, name: str, namespace: str, replicas: int) -> "PortForward":
+    """Waits for the LLMService to be Ready with `replicas` engines and its gateway rolled out;
+    returns a port-forward to its Service (port 80)."""
+    ready_llms(kube, name, namespace, replicas)
+    kube.run("rollout", "status", f"deployment/{name}-gateway", "-n", namespace, "--timeout", "300s", timeout=320)
+    return PortForward(kube, processes, namespace, f"svc/{name}", 80)
+
+
 class PortForward:
     """`kubectl port-forward TARGET LOCAL:PORT` (API server -> kubelet -> the pod) as a
     process; `url` is http://127.0.0.1:LOCAL once it answers GET /health. kubectl

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from kubeutil import Kube, Processes, wait_for
-from nodeutil import PortForward, engine_pods, llmservice, ready_llms
+from nodeutil import engine_pods, forward_to_gateway, llmservice, ready_llms
 
 NS = "e2e-autoscale"
 NAME = "burst"
@@ -31,9 +31,7 @@ def burst(chart: Kube, processes: Processes):
         "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 1,
                         "scaleUpWindowSeconds": 0, "scaleDownWindowSeconds": SCALE_DOWN_WINDOW_S},
         "gateway": {"routing": {"policy": "least-load"}}}))
-    ready_llms(chart, NAME, NS, 1)
-    chart.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
-    pf = PortForward(chart, processes, NS, f"svc/{NAME}", 80)
+    pf = forward_to_gateway(chart, processes, NAME, NS, 1)
     yield chart, pf
     pf.close()
     chart.run("delete", "namespace", NS, "--timeout", "180s", check=False)

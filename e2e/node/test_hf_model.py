@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from kubeutil import ROOT, Kube, Processes
-from nodeutil import NODE_NAME, PortForward, engine_pods, llmservice, ready_llms
+from nodeutil import NODE_NAME, engine_pods, forward_to_gateway, llmservice
 from hfhub import HubRepo, HubServer
 
 NS = "e2e-hf"
@@ -32,9 +32,7 @@ def served(chart: Kube, hub: HubServer, processes: Processes):
         "model": {"name": "tiny-chat", "source": f"hf://{REPO}"},
         "replicas": 1,
         "engine": {"env": [{"name": "HF_ENDPOINT", "value": hub.url}]}}))
-    ready_llms(chart, NAME, NS, 1)
-    chart.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
-    pf = PortForward(chart, processes, NS, f"svc/{NAME}", 80)
+    pf = forward_to_gateway(chart, processes, NAME, NS, 1)
     yield chart, pf
     pf.close()
     chart.run("delete", "namespace", NS, "--timeout", "180s", check=False)

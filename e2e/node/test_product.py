@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from kubeutil import Kube, Processes, wait_for
-from nodeutil import CHART_NS, NODE_NAME, PortForward, component_logs, engine_pods, example, llmservice, pod_report, ready_llms
+from nodeutil import (CHART_NS, NODE_NAME, PortForward, component_logs, engine_pods, example, forward_to_gateway,
+                      llmservice, pod_report, ready_llms)
 
 NS = "e2e-product"
 EXAMPLE = example()
@@ -39,9 +40,7 @@ def llms(chart: Kube) -> Kube:
 
 @pytest.fixture(scope="module")
 def gateway(llms: Kube, processes: Processes) -> PortForward:
-    ready_llms(llms, NAME, NS, 2)
-    llms.run("rollout", "status", f"deployment/{NAME}-gateway", "-n", NS, "--timeout", "300s", timeout=320)
-    pf = PortForward(llms, processes, NS, f"svc/{NAME}", 80)
+    pf = forward_to_gateway(llms, processes, NAME, NS, 2)
     yield pf
     pf.close()
 
