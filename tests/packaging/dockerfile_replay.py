@@ -2,8 +2,9 @@
 
 There is no Docker engine in CI, but the claim "the packages the image installs
 import" should be checked the way the image installs them. This reads the
-Dockerfile, takes its first (build) stage, and runs its WORKDIR, ENV, COPY and
-RUN instructions in order, with the container's absolute paths rewritten into
+Dockerfile, takes its build stage (the one named `build`, after the stages it is
+built FROM, such as Dockerfile.engine's `deps`), and runs their WORKDIR, ENV, COPY
+and RUN instructions in order, with the container's absolute paths rewritten into
 `root` (so `/opt/venv` becomes `<root>/opt/venv`) and `python` being this
 machine's interpreter (the same minor version as the image's). Each venv the
 steps create is fresh (`python -m venv`), so nothing leaks in from the dev venv.
@@ -69,6 +70,21 @@ def parse(dockerfile: Path) -> list[list[Instruction]]:
     return stages
 
 
+def stage_chain(stages: list[list[Instruction]], name: str = "build") -> list[list[Instruction]]:
+    """The named stage after the stages it is built FROM, oldest first."""
+    named = {}
+    for stage in stages:
+        words = stage[0].args.split()
+        if len(words) == 3 and words[1].upper() == "AS":
+            named[words[2]] = stage
+    if name not in named:
+        raise ValueError(f"no stage named {name!r}")
+    chain = [named[name]]
+    while (parent := chain[0][0].args.split()[0]) in named:
+        chain.insert(0, named[parent])
+    return chain
+
+
 def _parse_env(args: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in shlex.split(args))
 
@@ -82,7 +98,7 @@ def _rewrite(command: str, replay: Replay, prefixes: tuple[str, ...]) -> str:
 
 
 def replay_build_stage(dockerfile: Path, context: Path, root: Path, timeout: float = 1800) -> Replay:
-    stage = parse(dockerfile)[0]
+    stage = [i for s in stage_chain(parse(dockerfile)) for i in s]
     root, context = root.resolve(), context.resolve()
     if root.exists():
         shutil.rmtree(root)

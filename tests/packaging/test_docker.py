@@ -49,6 +49,22 @@ def test_final_stage_is_small_non_root_and_healthchecked(image, dockerfile_repla
     assert all(c.startswith("--from=build") or "--from=build" in c for c in copies), copies
 
 
+def test_engine_sources_are_a_thin_layer_over_the_locked_venv(dockerfile_replay):
+    """The engine image's 4 GB of torch and CUDA wheels sit in a stage that reads only
+    the lock, and the final image starts from it: a change to our sources must not
+    invalidate (rebuild, re-ship) that layer, only the thin one with our package."""
+    stages = dockerfile_replay.parse(DOCKERFILES["engine"])
+    deps = dockerfile_replay.stage_chain(stages, "deps")[-1]
+    copied = [i.args for i in deps if i.keyword == "COPY"]
+    assert copied == ["docker/requirements-engine.txt docker/"], copied
+    assert any("pip install --no-deps -r docker/requirements-engine.txt" in i.args for i in deps)
+    final = stages[-1]
+    assert final[0].args == "deps", "the final image must start from the locked venv"
+    sources = [i.args.split()[1] for i in final if i.keyword == "COPY"]
+    assert "/opt/venv" not in sources, "copying the whole venv again re-ships 4 GB per change"
+    assert dockerfile_replay.stage_chain(stages)[0] is deps, "the build stage installs over the same venv"
+
+
 def _lock(image: str) -> dict[str, str]:
     pins = {}
     for line in (ROOT / "docker" / f"requirements-{image}.txt").read_text().splitlines():
