@@ -198,8 +198,8 @@ import_images() {
     mark="$store/imported-$(basename "$archive")"
     if [[ -f "$mark" ]] && has_image "$ref"; then continue; fi
     log "importing $ref"
-    # the layers' blobs are dropped once unpacked: pods run from the snapshots
-    ctr_ images import --snapshotter overlayfs --discard-unpacked-layers "$archive" >&2
+    # the layers' blobs are dropped once unpacked (--local: the only way ctr can): pods run from the snapshots
+    ctr_ images import --local --snapshotter overlayfs --discard-unpacked-layers "$archive" >&2
     has_image "$ref" || { log "$archive did not give $ref"; exit 1; }
     rm -f "$store/imported-$name-"*
     touch "$mark"
