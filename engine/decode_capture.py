@@ -32,8 +32,10 @@ fixed at capture (it reads only up to each seq_len; empty splits drop out in its
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,16 +90,15 @@ class DecodeCapture:
         self.is_cuda = device.type == "cuda"
         max_blocks = -(-max_model_len // block_size)
         self.width = max_blocks if self.is_cuda else None
-        forward: Callable[[DecodeInputs], torch.Tensor] = (
-            lambda inputs: decode_forward(model, kv_caches, max_model_len, inputs))
         self.compile_seconds: dict[int, float] = {}
         self.num_captured_steps = 0              # steps run through the captured program (tests, bench)
         with torch.inference_mode():
             if self.is_cuda:
+                forward = functools.partial(decode_forward, model, kv_caches, max_model_len)
                 self.program = CudaGraphs(forward, self.sizes, self.padded, device)
                 self.compile_seconds = self.program.seconds
             else:
-                self.program = CompiledDecode(forward)
+                self.program = CompiledDecode(model, kv_caches, max_model_len)
                 for size in self.sizes:                  # compile every bucket now, not inside a step
                     t = time.perf_counter()
                     self.program(self.padded(size, None))
@@ -150,13 +151,17 @@ class CompiledDecode:
     submodules on every call cost ~2 ms of a ~15 ms step (measured, docs/benchmarks.md); guards
     on the input tensors' shapes stay, and they pick the bucket's graph."""
 
-    def __init__(self, forward: Callable[[DecodeInputs], torch.Tensor]):
-        self.fn = torch.compile(forward, fullgraph=True, dynamic=False,
+    def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
+        # Dynamo keeps compiled graphs per code object, and without guards on the model two engines
+        # in one process would share (and overwrite) them: each engine compiles its own copy of the code.
+        fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__, "decode_forward")
+        self.fn = torch.compile(fresh, fullgraph=True, dynamic=False,
                                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        self.args = (model, kv_caches, max_seq_len)
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
         torch._dynamo.maybe_mark_dynamic(inputs.block_tables, 1)
-        return self.fn(inputs)
+        return self.fn(*self.args, inputs)
 
 
 class CudaGraphs:
