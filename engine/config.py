@@ -10,8 +10,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # reference); int8 / int4: projections quantized at load (docs/engine.md "Quantization")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU, CUDA graphs on
-# CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = on for CUDA, off for CPU (measured:
-# docs/benchmarks.md "Whole decode-step capture")
+# CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the engine's choice, eager for now
+# (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
 DECODE_CAPTURES = ("auto", "on", "off")
 # Batch-size buckets of captured decode steps: vLLM captures 1, 2, 4, 8 and then steps of 8; past 8
 # sequences a step's per-op cost is spread over the batch, and each CPU bucket compiles for a
