@@ -47,6 +47,7 @@ def real_pool(llm: LLM) -> list[torch.Tensor]:
     return [cache[:runner.num_kv_blocks] for kv in runner.kv_caches for cache in kv]
 
 
+@pytest.mark.slow
 def test_padded_batch_same_ids_and_kv_with_preemption(engines):
     """3 sequences run in bucket 4 (one padding row), then 2 in 4, then 1 in 1; the pool
     (6 blocks) cannot hold all three to the end, so the scheduler preempts. Ids and every real KV block equal
@@ -65,6 +66,7 @@ def test_padded_batch_same_ids_and_kv_with_preemption(engines):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_prefix_cache_hits_same_ids(engines):
     eager, captured = engines
     batch = prompts(2, base=40)          # 40+ tokens: full blocks to hit on the second pass
@@ -74,6 +76,7 @@ def test_prefix_cache_hits_same_ids(engines):
     assert captured.engine.kv_manager.prefix_cache_hits > hits
 
 
+@pytest.mark.slow
 def test_batch_past_the_largest_bucket_runs_eager(engines):
     eager, captured = engines
     cap = captured.engine.runner.decode_capture
@@ -84,6 +87,7 @@ def test_batch_past_the_largest_bucket_runs_eager(engines):
     assert cap.num_captured_steps == before
 
 
+@pytest.mark.slow
 def test_no_recompile_as_contexts_grow(engines):
     """Warm-up compiled every bucket; contexts from 1 to 5 blocks reuse those graphs."""
     _, captured = engines
@@ -108,6 +112,7 @@ def test_bad_capture_config():
 DEFAULT_MODEL_MIN_AGREEMENT = 0.75
 
 
+@pytest.mark.slow
 def test_default_model_captured_agrees_with_eager():
     require_default_model()
     chats = [[{"role": "system", "content": SYSTEM},
@@ -131,6 +136,7 @@ def test_default_model_captured_agrees_with_eager():
     assert agreement >= DEFAULT_MODEL_MIN_AGREEMENT
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_cuda_graphs_same_ids_as_eager():
     cuda = dict(TINY, device="cuda", num_kv_blocks=64)
