@@ -37,11 +37,14 @@ import logging
 import time
 import types
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from pagedkube.engine.model_runner import StepInputs
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ class DecodeCapture:
         log.info("decode capture (%s): buckets %s ready in %s s", "CUDA graphs" if self.is_cuda else "torch.compile",
                  list(self.sizes), self.compile_seconds)
 
-    def padded(self, bucket: int, step=None) -> DecodeInputs:
+    def padded(self, bucket: int, step: StepInputs | None = None) -> DecodeInputs:
         """A step's decode tensors padded to `bucket` rows (see the module docstring); step None:
         padding rows only (the warm-up and capture input)."""
         dev, bs, pad = self.device, self.block_size, self.pad_block
@@ -131,7 +134,7 @@ class DecodeCapture:
             seq_lens[:n] = meta.seq_lens
         return DecodeInputs(input_ids, positions, slot_mapping, seq_lens, block_tables)
 
-    def run(self, step) -> torch.Tensor | None:
+    def run(self, step: StepInputs) -> torch.Tensor | None:
         """hidden [n, hidden] for a decode-only step (a StepInputs), or None when it does not fit."""
         meta = step.meta
         if meta.max_query_len != 1:
