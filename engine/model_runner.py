@@ -66,8 +66,8 @@ def select_backend(name: str, device: torch.device) -> ModuleType:
 
 def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
     """Whether decode steps run captured (EngineConfig.decode_capture). auto = eager, for now on
-    both devices: on this project's 2-core CPU a bucket compiles for 2-3 minutes at start for a
-    ~1.3x shorter decode step (docs/benchmarks.md "Whole decode-step capture"), and the CUDA-graph
+    both devices: on this project's 2-core CPU a bucket compiles for 1-3 minutes at start for a
+    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and the CUDA-graph
     path has not yet run on a GPU (bench/gpu_all.sh measures it); flip it here when that pays.
     Capture on CPU compiles the torch attention backend; the Triton one there is the interpreter."""
     if config.decode_capture != "on":

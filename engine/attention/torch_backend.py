@@ -31,7 +31,6 @@ from pagedkube.engine.attention import torch_ref
 from pagedkube.engine.attention.metadata import AttentionMetadata
 
 
-
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """key/value [T, Hkv, D] -> caches at slot_mapping[t]. Unlike torch_ref, every slot must be a
