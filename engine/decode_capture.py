@@ -74,6 +74,31 @@ def decode_forward(model: torch.nn.Module, kv_caches: list, max_seq_len: int, in
     return model(inputs.input_ids, inputs.positions, kv_caches, meta)
 
 
+def pad_decode_step(step: StepInputs | None, bucket: int, width: int, block_size: int, pad_block: int,
+                    device: torch.device) -> DecodeInputs:
+    """A decode-only step's tensors padded to `bucket` rows and `width` blocks (the module
+    docstring's picture); step None: padding rows only (the warm-up and capture input)."""
+    bs, pad = block_size, pad_block
+    block_tables = torch.full((bucket, width), pad, dtype=torch.int32, device=device)
+    input_ids = torch.zeros(bucket, dtype=torch.int64, device=device)
+    positions = torch.zeros(bucket, dtype=torch.int64, device=device)
+    slot_mapping = torch.full((bucket,), pad * bs, dtype=torch.int64, device=device)
+    seq_lens = torch.ones(bucket, dtype=torch.int32, device=device)
+    if step is not None:
+        meta, n = step.meta, step.input_ids.shape[0]
+        tables = meta.block_tables
+        assert n <= bucket and tables.shape[1] <= width, (n, bucket, tables.shape, width)
+        # prepare() pads the tables with block 0, which is masked; pad past each sequence's own
+        # blocks with the pad block instead, so the row reads only its own or the pad block
+        own = torch.arange(tables.shape[1], device=device)[None, :] < -(-meta.seq_lens.long()[:, None] // bs)
+        block_tables[:n, :tables.shape[1]] = torch.where(own, tables, pad)
+        input_ids[:n] = step.input_ids
+        positions[:n] = step.positions
+        slot_mapping[:n] = meta.slot_mapping
+        seq_lens[:n] = meta.seq_lens
+    return DecodeInputs(input_ids, positions, slot_mapping, seq_lens, block_tables)
+
+
 def pick_bucket(sizes: tuple[int, ...], num_seqs: int) -> int | None:
     """The smallest bucket that holds num_seqs, None when none does (sizes ascending)."""
     return next((size for size in sizes if size >= num_seqs), None)
@@ -110,29 +135,8 @@ class DecodeCapture:
                  list(self.sizes), self.compile_seconds)
 
     def padded(self, bucket: int, step: StepInputs | None = None) -> DecodeInputs:
-        """A step's decode tensors padded to `bucket` rows (see the module docstring); step None:
-        padding rows only (the warm-up and capture input)."""
-        dev, bs, pad = self.device, self.block_size, self.pad_block
-        n = 0 if step is None else step.input_ids.shape[0]
-        tables = None if step is None else step.meta.block_tables
-        width = self.width or max(MIN_CPU_WIDTH, 0 if tables is None else tables.shape[1])
-        block_tables = torch.full((bucket, width), pad, dtype=torch.int32, device=dev)
-        input_ids = torch.zeros(bucket, dtype=torch.int64, device=dev)
-        positions = torch.zeros(bucket, dtype=torch.int64, device=dev)
-        slot_mapping = torch.full((bucket,), pad * bs, dtype=torch.int64, device=dev)
-        seq_lens = torch.ones(bucket, dtype=torch.int32, device=dev)
-        if n:
-            assert tables is not None and tables.shape[1] <= width, (tables.shape, width)
-            meta = step.meta
-            # prepare() pads the tables with block 0, which is masked; pad past each sequence's own
-            # blocks with the pad block instead, so the row reads only its own or the pad block
-            own = torch.arange(tables.shape[1], device=dev)[None, :] < -(-meta.seq_lens.long()[:, None] // bs)
-            block_tables[:n, :tables.shape[1]] = torch.where(own, tables, pad)
-            input_ids[:n] = step.input_ids
-            positions[:n] = step.positions
-            slot_mapping[:n] = meta.slot_mapping
-            seq_lens[:n] = meta.seq_lens
-        return DecodeInputs(input_ids, positions, slot_mapping, seq_lens, block_tables)
+        width = self.width or max(MIN_CPU_WIDTH, 0 if step is None else step.meta.block_tables.shape[1])
+        return pad_decode_step(step, bucket, width, self.block_size, self.pad_block, self.device)
 
     def run(self, step: StepInputs) -> torch.Tensor | None:
         """hidden [n, hidden] for a decode-only step (a StepInputs), or None when it does not fit."""

@@ -106,6 +106,32 @@ def test_bad_capture_config():
         LLM(**TINY, decode_capture="on", attention_backend="triton")
 
 
+def test_cuda_graph_layout_runs_eagerly_on_cpu():
+    """What a CUDA graph is fed (block tables at the widest a sequence can be, max_seq_len fixed
+    at max_model_len, 3 rows padded to bucket 4), run through decode_forward eagerly on CPU, gives
+    the eager step's hidden states: the layout the CUDA path relies on, checked where it runs."""
+    from pagedkube.engine.decode_capture import decode_forward, pad_decode_step
+    from pagedkube.engine.sequence import ScheduledSeq
+    llm = LLM(**dict(TINY, num_kv_blocks=64), decode_capture="off")
+    engine, runner = llm.engine, llm.engine.runner
+    for i, prompt in enumerate(prompts(3, base=20)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    engine.step_deltas()                                   # the prefills
+    seqs = list(engine.scheduler.running)
+    for seq in seqs:                                       # recompute each prompt's last token: a decode
+        seq.num_computed_tokens = seq.num_tokens - 2
+    step = runner.prepare([ScheduledSeq(seq, 1) for seq in seqs])
+    widest = -(-runner.max_model_len // runner.block_size)
+    pad_block = runner.num_kv_blocks - 1                   # no sequence holds it: it stands in for the pad block
+    assert all(pad_block not in seq.block_table for seq in seqs)
+    with torch.inference_mode():
+        want = runner.model(step.input_ids, step.positions, runner.kv_caches, step.meta)
+        inputs = pad_decode_step(step, 4, widest, runner.block_size, pad_block, runner.device)
+        got = decode_forward(runner.model, runner.kv_caches, runner.max_model_len, inputs)
+    assert inputs.block_tables.shape == (4, widest)
+    torch.testing.assert_close(got[:3], want, atol=1e-5, rtol=1e-5)
+
+
 # Measured 2026-12-01 on the default model (GGUF Q4_1 packed, bf16 activations), 4 pet-care chats
 # x 32 greedy tokens at batch 1, captured vs eager: agreement 1.0 (4 / 4 chats identical). Compiled
 # bf16 fuses casts and norms, so a near-tie could flip a greedy choice; the floor is that
