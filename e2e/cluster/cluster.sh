@@ -46,7 +46,7 @@ healthy() {
 up() {
   tools
   mkdir -p "$state"
-  if healthy && kwokctl get clusters 2>/dev/null | grep -qx "$name"; then
+  if healthy && kwokctl get clusters 2>/dev/null | grep -x "$name" >/dev/null; then
     if [[ "$mode" == real ]]; then real_node; fi
     echo "$kubeconfig"
     return

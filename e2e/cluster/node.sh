@@ -179,16 +179,21 @@ EOF
 
 ctr_() { ctr --address "$dir/containerd.sock" -n k8s.io "$@"; }
 
+# Whether the store lists image REF. grep reads the whole list: with `grep -q`, grep exits at
+# the first match and ctr, still writing (the CRI plugin also lists each image by its ID),
+# dies of SIGPIPE, which pipefail turns into "not there" (seen on a fresh store).
+has_image() { ctr_ images ls -q | grep -x "$1" >/dev/null; }
+
 # Import each image archive unless this store already holds that exact archive.
 import_images() {
   local name archive ref
   while read -r name archive ref; do
     local mark
     mark="$store/imported-$(basename "$archive")"
-    if [[ -f "$mark" ]] && ctr_ images ls -q | grep -qx "$ref"; then continue; fi
+    if [[ -f "$mark" ]] && has_image "$ref"; then continue; fi
     log "importing $ref"
     ctr_ images import --snapshotter overlayfs "$archive" >&2
-    ctr_ images ls -q | grep -qx "$ref" || { log "$archive did not give $ref"; exit 1; }
+    has_image "$ref" || { log "$archive did not give $ref"; exit 1; }
     rm -f "$store/imported-$name-"*
     touch "$mark"
   done < <("$here/images.sh" build)

@@ -55,10 +55,12 @@ def ready_engine_ips(kube: Kube) -> set[str]:
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
 
 
-def chat(url: str, prompt: str, max_tokens: int = 8) -> tuple[str, str]:
+def chat(url: str, prompt: str, max_tokens: int = 8, system: str | None = None) -> tuple[str, str]:
     """(text, x-pagedkube-endpoint) of one non-streamed chat completion."""
+    messages = [{"role": "system", "content": system}] if system else []
     raw = client(url).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0)
+        model=MODEL, messages=messages + [{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        temperature=0)
     return raw.parse().choices[0].message.content, raw.headers["x-pagedkube-endpoint"]
 
 
@@ -96,16 +98,19 @@ def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube,
     assert reason in ("length", "stop")
 
 
-def fresh(text: str) -> str:
-    """A prompt whose first KV block is new (a random head), so prefix affinity does not
-    pin it to the engine that served the last one: the ring spreads such prompts."""
-    return f"{uuid.uuid4().hex} {text}"
+def fresh_system() -> str:
+    """A system message that makes the prompt's first KV block new. Without one the chat
+    template puts its default system prompt first, a block every engine that served
+    anything holds, and any-prefix affinity keeps such prompts on those engines while
+    they are within the load bound (a new engine, holding nothing, would get none at
+    this load). With a new first block, nobody holds a prefix and the ring spreads them."""
+    return f"{uuid.uuid4().hex} You are a helpful assistant."
 
 
 def served_by(url: str, ip: str, tries: int = 200) -> bool:
     """Sends fresh prompts until one is served by the engine at `ip`."""
     for _ in range(tries):
-        if chat(url, fresh("hello"), max_tokens=2)[1].startswith(f"http://{ip}:"):
+        if chat(url, "hello", max_tokens=2, system=fresh_system())[1].startswith(f"http://{ip}:"):
             return True
     return False
 
@@ -129,7 +134,7 @@ def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: 
     def worker(n: int) -> int:
         i = 0
         while time.monotonic() < stop_at[0]:
-            results.append(chat(gateway.url, fresh(f"worker {n} request {i}"), max_tokens=4))
+            results.append(chat(gateway.url, f"worker {n} request {i}", max_tokens=4, system=fresh_system()))
             i += 1
         return i
     # 3 clients: enough to keep every engine busy; the node has 2 shared cores

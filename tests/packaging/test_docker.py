@@ -155,7 +155,8 @@ def test_gateway_image_install_steps_give_a_torch_free_working_venv(dockerfile_r
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(os.environ.get("PAGEDKUBE_REPLAY_ENGINE") != "1",
-                    reason="downloads ~4 GB (torch + CUDA wheels); set PAGEDKUBE_REPLAY_ENGINE=1")
+                    reason="downloads ~4 GB (torch + CUDA wheels); set PAGEDKUBE_REPLAY_ENGINE=1 "
+                           "(CI builds the real engine image in `make test-node` instead)")
 def test_engine_image_install_steps_give_a_working_venv(dockerfile_replay):
     venv = _replayed_venv("engine", dockerfile_replay)
     result = _run_in(venv, (
