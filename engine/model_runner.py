@@ -17,6 +17,9 @@ decoding 1 token at position 9, block_size 4:
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
@@ -76,7 +79,17 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
         raise ValueError("decode_capture 'on' on CPU needs the torch attention backend, not triton")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"decode_capture 'on' supports cpu and cuda, not {device.type}")
+    if device.type == "cpu" and not has_cxx_toolchain():
+        raise ValueError("decode_capture 'on' on CPU needs a C++ compiler and Python's headers for torch.compile "
+                         "(Debian: apt-get install g++ python3-dev; `make cxx`)")
     return True
+
+
+def has_cxx_toolchain() -> bool:
+    """Whether torch.compile can build CPU code here: Inductor's C++ is built with $CXX (default g++)
+    against Python.h."""
+    return (shutil.which(os.environ.get("CXX", "g++")) is not None
+            and os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 
 
 def resolve_model_dir(model: str | None) -> str:

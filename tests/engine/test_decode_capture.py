@@ -13,8 +13,6 @@ model: ~80 s a bucket on 2 shared cores); the module builds three.
 from __future__ import annotations
 
 import os
-import shutil
-import sysconfig
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
 from torch._dynamo.utils import counters
 
 from pagedkube.engine.llm import LLM
+from pagedkube.engine.model_runner import has_cxx_toolchain
 from pagedkube.engine.sampling_params import SamplingParams
 
 TINY = dict(model="builtin://tiny", device="cpu", dtype="float32", num_kv_blocks=6, block_size=16)
@@ -31,7 +30,7 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
 def require_cxx() -> None:
     """torch.compile's CPU code needs g++ and Python's headers (`make cxx` installs them, CI runs it)."""
-    if shutil.which("g++") is None or not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    if not has_cxx_toolchain():
         if os.environ.get("CI"):
             raise RuntimeError("CI must run the decode-capture tests: `make cxx` installs g++ and python3-dev")
         pytest.skip("torch.compile on CPU needs g++ and Python's headers (make cxx installs them)")
