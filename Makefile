@@ -93,7 +93,7 @@ test-e2e: install
 # containerd, runc, CNI) running the chart, the operator, gateways and engines in
 # containers built from Dockerfile.engine/Dockerfile.gateway by buildah (no Docker,
 # no registry). Needs root. The first image build takes long (see README).
-NODE_DEBS := containerd runc containernetworking-plugins iptables conntrack buildah debootstrap openssl
+NODE_DEBS := runc containernetworking-plugins iptables conntrack buildah debootstrap openssl
 node-deps:
 	@missing=""; for p in $(NODE_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \

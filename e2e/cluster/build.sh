@@ -5,8 +5,9 @@
 #     kwok kwokctl                                           (sigs.k8s.io/kwok)
 #     etcd                                                   (go.etcd.io/etcd/server/v3)
 #     actionlint                                             (github.com/rhysd/actionlint)
-#   build.sh node: also kubelet kube-proxy (k8s.io/kubernetes) for the real node
-#   (node.sh), with its own stamp so the control plane's cache stays valid.
+#   build.sh node: also kubelet kube-proxy (k8s.io/kubernetes) and containerd,
+#   containerd-shim-runc-v2, ctr (github.com/containerd/containerd/v2) for the real
+#   node (node.sh), with its own stamp so the control plane's cache stays valid.
 # Each group is built from a small generated wrapper module with one
 # `go build -o DIR ...` so the packages compile once; a stamp file records the
 # versions so a second run skips the build. Prints the bin dir on stdout.
@@ -21,7 +22,7 @@ src="$cache/src"
 stamp="$bin/.stamp"
 want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION actionlint=$ACTIONLINT_VERSION"
 
-want_node="k8s=$K8S_VERSION kubelet kube-proxy"
+want_node="k8s=$K8S_VERSION kubelet kube-proxy containerd=$CONTAINERD_VERSION"
 node_stamp="$bin/.stamp-node"
 need_node=0
 if [[ "${1:-}" == node && ! ( -f "$node_stamp" && "$(cat "$node_stamp")" == "$want_node" ) ]]; then
@@ -73,6 +74,16 @@ build_k8s() { build_k8s_bins "$src/k8s" k8sbins kube-apiserver kube-controller-m
 
 # kubelet and kube-proxy for the real node (node.sh).
 build_node() { build_k8s_bins "$src/k8snode" k8snode kubelet kube-proxy; }
+
+# containerd v2, its runc shim and ctr for the real node, static (CGO off: no btrfs, which
+# the node does not use) with the tags of containerd's own release builds.
+build_containerd() {
+  local mod=github.com/containerd/containerd/v2 cmd pkgs=()
+  for cmd in containerd containerd-shim-runc-v2 ctr; do pkgs+=("$mod/cmd/$cmd@$CONTAINERD_VERSION"); done
+  log "building containerd containerd-shim-runc-v2 ctr $CONTAINERD_VERSION"
+  CGO_ENABLED=0 GOBIN="$bin" go install -trimpath -tags "urfave_cli_no_docs osusergo netgo static_build" \
+    -ldflags "-s -w -X $mod/version.Version=$CONTAINERD_VERSION -X $mod/version.Package=$mod" "${pkgs[@]}"
+}
 
 k8s_ldflags() {
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
@@ -141,6 +152,7 @@ if [[ ! ( -f "$stamp" && "$(cat "$stamp")" == "$want" ) ]]; then
 fi
 if [[ $need_node == 1 ]]; then
   build_node
+  build_containerd
   log "node binaries built in $(( $(date +%s) - start )) s"
   echo "$want_node" > "$node_stamp"
 fi

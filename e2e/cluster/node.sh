@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real Kubernetes node on this machine, joined to the cluster cluster.sh runs:
 # kubelet and kube-proxy (built by build.sh from the same k8s.io/kubernetes),
-# containerd + runc (Debian packages), the CNI bridge/host-local/portmap/loopback
+# containerd v2 (built by build.sh from github.com/containerd/containerd/v2) with
+# runc (Debian), the CNI bridge/host-local/portmap/loopback
 # plugins (Debian) on a pod CIDR, and the images from images.sh imported into
 # containerd's k8s.io namespace (the pause image is containerd's sandbox_image,
 # so nothing is ever pulled). Needs root.
@@ -36,12 +37,15 @@ node_ip() { ip -4 route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
 
 need() {
   local missing=()
-  for c in containerd containerd-shim-runc-v2 runc ctr iptables ip openssl; do
+  for c in runc iptables ip openssl; do
     command -v "$c" >/dev/null || missing+=("$c")
+  done
+  for c in containerd containerd-shim-runc-v2 ctr kubelet kube-proxy; do
+    [[ -x "$bin/$c" ]] || missing+=("$bin/$c (build.sh node)")
   done
   for p in bridge host-local loopback portmap; do [[ -x "$CNI_BIN/$p" ]] || missing+=("$CNI_BIN/$p"); done
   if [[ ${#missing[@]} -gt 0 ]]; then
-    log "missing ${missing[*]}: apt-get install containerd runc containernetworking-plugins iptables conntrack openssl"
+    log "missing ${missing[*]}: apt-get install runc containernetworking-plugins iptables conntrack openssl"
     exit 3
   fi
   [[ "$(id -u)" == 0 ]] || { log "a real node needs root"; exit 3; }
@@ -66,8 +70,9 @@ wait_for() {  # wait_for WHAT SECONDS CMD...
 
 write_configs() {
   mkdir -p "$dir/cni" "$dir/kubelet" "$dir/certs" "$dir/pod-logs" "$dir/containerd-state" "$store"
+  # containerd 2's configuration version 3 (docs/cri/config.md in containerd v2).
   cat > "$dir/containerd.toml" <<EOF
-version = 2
+version = 3
 root = "$store"
 state = "$dir/containerd-state"
 [grpc]
@@ -76,28 +81,29 @@ state = "$dir/containerd-state"
   address = "$dir/containerd.sock.ttrpc"
 [metrics]
   address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$dir/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_REF"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_REF"
+[plugins."io.containerd.cri.v1.runtime"]
   # This sandbox lacks CAP_SYS_RESOURCE: no process may lower its oom_score_adj,
   # and runc fails every pod kubelet asks -998 for. Clamp it instead.
   restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
   enable_selinux = false
   # pod network namespaces under the state dir (not /var/run/netns), so down finds ours
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$CNI_BIN"]
     conf_dir = "$dir/cni"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 EOF
   cat > "$dir/cni/10-pagedkube.conflist" <<EOF
 {
@@ -177,7 +183,7 @@ current-context: $1
 EOF
 }
 
-ctr_() { ctr --address "$dir/containerd.sock" -n k8s.io "$@"; }
+ctr_() { "$bin/ctr" --address "$dir/containerd.sock" -n k8s.io "$@"; }
 
 # Whether the store lists image REF. grep reads the whole list: with `grep -q`, grep exits at
 # the first match and ctr, still writing (the CRI plugin also lists each image by its ID),
@@ -192,7 +198,8 @@ import_images() {
     mark="$store/imported-$(basename "$archive")"
     if [[ -f "$mark" ]] && has_image "$ref"; then continue; fi
     log "importing $ref"
-    ctr_ images import --snapshotter overlayfs "$archive" >&2
+    # the layers' blobs are dropped once unpacked: pods run from the snapshots
+    ctr_ images import --snapshotter overlayfs --discard-unpacked-layers "$archive" >&2
     has_image "$ref" || { log "$archive did not give $ref"; exit 1; }
     rm -f "$store/imported-$name-"*
     touch "$mark"
@@ -209,7 +216,8 @@ up() {
   ip="$(node_ip)"
   write_configs
   make_cgroup_root
-  start containerd "$dir/containerd.log" containerd --config "$dir/containerd.toml"
+  # containerd finds its shim (containerd-shim-runc-v2) on PATH
+  start containerd "$dir/containerd.log" env PATH="$bin:$PATH" "$bin/containerd" --config "$dir/containerd.toml"
   wait_for containerd 60 ctr_ version
   import_images
   start kubelet "$dir/kubelet.log" "$bin/kubelet" --config "$dir/kubelet.yaml" \

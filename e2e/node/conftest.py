@@ -5,7 +5,7 @@ Dockerfiles (e2e/cluster/images.sh). Every pod here really runs: the chart's
 operator pod, the engines, the gateway.
 
 The kwok nodes stay, tainted NoSchedule, so everything lands on the real node.
-Needs root and Debian's containerd, runc, containernetworking-plugins, iptables,
+Needs root and Debian's runc, containernetworking-plugins, iptables,
 buildah and debootstrap (the Makefile's node-deps installs them).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from nodeutil import CHART_NS, CLUSTER, node_env, pod_report  # noqa: E402
 
 # A cold engine image build installs torch (~4 GB of wheels) on a shared 2-core machine.
 IMAGES_TIMEOUT_S = 75 * 60
-NEEDS = ("containerd", "runc", "buildah", "debootstrap", "iptables")
+NEEDS = ("runc", "buildah", "debootstrap", "iptables")
 
 
 @pytest.fixture(scope="session")

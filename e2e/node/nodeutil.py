@@ -2,6 +2,7 @@
 waits that print the pods and events when they fail, and kubectl port-forward."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -21,10 +22,29 @@ def node_env() -> dict[str, str]:
 
 
 def pod_report(kube: Kube, namespace: str) -> str:
-    """Pods, their statuses and the last events: what a failing wait prints."""
+    """Pods, their statuses and the last events, and for every restarted container why
+    its last run ended and the end of its log: what a failing wait prints."""
     pods = kube.run("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
     events = kube.run("get", "events", "-n", namespace, "--sort-by", ".lastTimestamp", check=False).stdout
-    return f"{pods}\n{events[-4000:]}"
+    return f"{pods}\n{restarts(kube, namespace)}{events[-4000:]}"
+
+
+def restarts(kube: Kube, namespace: str) -> str:
+    listed = kube.run("get", "pods", "-n", namespace, "-o", "json", check=False)
+    if listed.returncode != 0:
+        return ""
+    out = []
+    for pod in json.loads(listed.stdout)["items"]:
+        for status in pod["status"].get("containerStatuses", []):
+            if not status.get("restartCount"):
+                continue
+            name, container = pod["metadata"]["name"], status["name"]
+            ended = status.get("lastState", {}).get("terminated", {})
+            previous = kube.run("logs", "-n", namespace, name, "-c", container, "--previous", "--tail", "60",
+                                check=False).stdout
+            out.append(f"--- {name}/{container} restarted {status['restartCount']}x; last run ended: "
+                       f"{ {k: ended.get(k) for k in ('reason', 'exitCode', 'signal', 'finishedAt')} }\n{previous}")
+    return "".join(f"{o}\n" for o in out)
 
 
 def component_logs(kube: Kube, name: str, namespace: str, component: str, tail: int = 200) -> str:
