@@ -10,7 +10,7 @@ PIP := $(BIN)/python -P -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: up test node-images-background test-fast test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
+.PHONY: up test node-images-background test-fast cxx test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
 
 $(BIN)/python:
 	$(PYTHON) -P -m venv $(VENV)
@@ -36,8 +36,20 @@ up: install
 # the CPU-bound tiers run; test-node waits for that build before it starts its own.
 test: node-images-background test-fast test-wheel test-prometheus test-e2e test-node
 
-test-fast: install
+test-fast: install cxx
 	$(BIN)/pytest tests --ignore=tests/prometheus
+
+# torch.compile's CPU code (Inductor writes C++ that includes Python's headers), for
+# --decode-capture on and tests/engine/test_decode_capture.py: g++ and the Python headers from
+# Debian, once per machine. Without root or apt those tests skip and say why.
+CXX_DEBS := g++ python3-dev
+cxx:
+	@missing=""; for p in $(CXX_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+	      --no-install-recommends $$missing >/dev/null; \
+	  else echo "cxx:$$missing not installed and no root apt-get; the decode-capture tests will be skipped"; fi; fi
 
 # Prometheus and promtool 2.42 from Debian's `prometheus` package, once per machine
 # (apt skips it when present). Grafana is AGPL and never installed: the dashboards

@@ -9,6 +9,8 @@ OpenAI API by C concurrent clients (each runs its sessions turn by turn, streami
                   gguf   --quantization auto (the file's Q8_0/Q4_0/Q4_1/Q4_K blocks served as stored)
                   int8   --quantization int8 (projections requantized per channel at load)
                   int4   --quantization int4 (projections requantized in groups at load)
+                  gguf-captured  gguf with --decode-capture on (decode steps of 1-8 sequences compiled
+                         at start, engine/decode_capture.py)
                 the quantized modes run with dtype auto (bf16 activations on a CPU with bf16)
     llama.cpp   `python -m llama_cpp.server --model FILE` (llama-cpp-python, Q4_1 kernels);
                 its server runs one request at a time, so C clients queue
@@ -52,8 +54,10 @@ from workloads import Session, petcare_chat  # noqa: E402
 
 LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
 MODES = {"fp32": ["--quantization", "none", "--dtype", "float32"], "gguf": ["--quantization", "auto"],
-         "int8": ["--quantization", "int8"], "int4": ["--quantization", "int4"]}
+         "int8": ["--quantization", "int8"], "int4": ["--quantization", "int4"],
+         "gguf-captured": ["--quantization", "auto", "--decode-capture", "on", "--decode-capture-sizes", "1,8"]}
 MODE_KWARGS = {"fp32": dict(quantization="none", dtype="float32"), "gguf": dict(quantization="auto"),
+               "gguf-captured": dict(quantization="auto"),
                "int8": dict(quantization="int8"), "int4": dict(quantization="int4")}
 MAX_TOKENS = 32
 # Threads per engine (--threads): 1 by default, as the other CPU benches here: on a shared

@@ -10,7 +10,10 @@
 # 4. the same on a real model, SmolLM2-135M-Instruct (the default model's GGUF, bf16 on the GPU);
 # 5. bench/quant_kernels.py: the Triton W8A16/W4A16 matmuls against the bf16 matmul (cuBLAS);
 # 6. bench/decode_step.py --device cuda: a batch-1 decode step of the default model, dense bf16 and
-#    with the GGUF projections packed (the W8A16/W4A16 kernels); no CUDA-graph capture exists yet.
+#    with the GGUF projections packed (the W8A16/W4A16 kernels);
+# 7. CUDA graphs of the decode step (--decode-capture on, buckets 1/2/4/8): tests/engine/test_decode_capture.py
+#    (captured ids == eager ids on CUDA) and bench/decode_capture.py --device cuda (ITL and tok/s at 1
+#    and 8 clients, eager vs graphs, capture time per bucket).
 # Each step has its own time limit and a failure does not stop the later steps; the exit
 # status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
 set -u
@@ -45,6 +48,8 @@ step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
 step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct
 step quant_kernels 300 "$PY" bench/quant_kernels.py --device cuda --out "$RESULTS/quant_kernels.jsonl"
 step decode_step 300 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
+step decode_capture_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_decode_capture.py -k cuda
+step decode_capture 420 "$PY" bench/decode_capture.py --device cuda --threads 8 --sizes 1 2 4 8 --rounds 5
 
 echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
 exit $status

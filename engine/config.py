@@ -9,6 +9,15 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # auto: a GGUF file's types as stored, a float checkpoint as float; none: all dense (the
 # reference); int8 / int4: projections quantized at load (docs/engine.md "Quantization")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU, CUDA graphs on
+# CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the engine's choice, eager for now
+# (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
+DECODE_CAPTURES = ("auto", "on", "off")
+# Batch-size buckets of captured decode steps: vLLM captures 1, 2, 4, 8 and then steps of 8; past 8
+# sequences a step's per-op cost is spread over the batch, and each CPU bucket compiles for a
+# minute or more on a 2-core machine. At most 8: Dynamo's default recompile_limit.
+DEFAULT_DECODE_CAPTURE_SIZES = (1, 2, 4, 8)
+MAX_DECODE_CAPTURE_SIZES = 8
 
 
 @dataclass(slots=True)
@@ -27,6 +36,8 @@ class EngineConfig:
     attention_backend: str = "auto"     # auto = triton on CUDA, torch elsewhere
     hash_seed: str = ""                 # seed of the chained block hash (pagedkube.hashing)
     quantization: str = "auto"          # one of QUANTIZATIONS; auto = GGUF types as stored, float checkpoints as float
+    decode_capture: str = "auto"        # one of DECODE_CAPTURES
+    decode_capture_sizes: tuple[int, ...] = DEFAULT_DECODE_CAPTURE_SIZES
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -35,6 +46,14 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.decode_capture not in DECODE_CAPTURES:
+            raise ValueError(f"decode_capture must be one of {DECODE_CAPTURES}, got {self.decode_capture!r}")
+        sizes = self.decode_capture_sizes
+        if (not isinstance(sizes, (tuple, list)) or not sizes or len(sizes) > MAX_DECODE_CAPTURE_SIZES
+                or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes)):
+            raise ValueError(f"decode_capture_sizes must be 1 to {MAX_DECODE_CAPTURE_SIZES} positive batch sizes, "
+                             f"got {sizes!r}")
+        self.decode_capture_sizes = tuple(sorted(set(sizes)))
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if not isinstance(self.block_size, int) or self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -8,6 +8,7 @@ from typing import Any
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.engine.server.serve_cli import add_decode_capture_args
 from pagedkube.model_source import MODEL_FLAG_HELP
 
 
@@ -34,6 +35,7 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantization", default=default_of(EngineConfig, "quantization"), choices=QUANTIZATIONS,
                    help="auto (a GGUF file's types as stored), none, int8 or int4 (default auto)")
     p.add_argument("--num-kv-blocks", type=int, default=None)
+    add_decode_capture_args(p)
     p.set_defaults(func=run_generate)
     return p
 
@@ -44,7 +46,8 @@ def run_generate(args: argparse.Namespace) -> int:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
-                  quantization=args.quantization)
+                  quantization=args.quantization, decode_capture=args.decode_capture,
+                  decode_capture_sizes=args.decode_capture_sizes)
         prompt: str | list[int] = args.prompt
         if args.chat:
             tokenizer = llm.get_tokenizer()

@@ -17,6 +17,9 @@ decoding 1 token at position 9, block_size 4:
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
@@ -25,6 +28,7 @@ import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.loader import load_model, resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
@@ -61,6 +65,31 @@ def select_backend(name: str, device: torch.device) -> ModuleType:
             raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
         log.warning("triton attention backend unavailable (%s); using the torch backend", e)
         return import_module("pagedkube.engine.attention.torch_backend")
+
+
+def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
+    """Whether decode steps run captured (EngineConfig.decode_capture). auto = eager, for now on
+    both devices: on this project's 2-core CPU a bucket compiles for 1-3 minutes at start for a
+    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and the CUDA-graph
+    path has not yet run on a GPU (bench/gpu_all.sh measures it); flip it here when that pays.
+    Capture on CPU compiles the torch attention backend; the Triton one there is the interpreter."""
+    if config.decode_capture != "on":
+        return False
+    if device.type == "cpu" and config.attention_backend == "triton":
+        raise ValueError("decode_capture 'on' on CPU needs the torch attention backend, not triton")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"decode_capture 'on' supports cpu and cuda, not {device.type}")
+    if device.type == "cpu" and not has_cxx_toolchain():
+        raise ValueError("decode_capture 'on' on CPU needs a C++ compiler and Python's headers for torch.compile "
+                         "(Debian: apt-get install g++ python3-dev; `make cxx`)")
+    return True
+
+
+def has_cxx_toolchain() -> bool:
+    """Whether torch.compile can build CPU code here: Inductor's C++ is built with $CXX (default g++)
+    against Python.h."""
+    return (shutil.which(os.environ.get("CXX", "g++")) is not None
+            and os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 
 
 def resolve_model_dir(model: str | None) -> str:
@@ -108,13 +137,19 @@ class ModelRunner:
         self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
                                 config.quantization)
         self.num_kv_blocks = self._num_kv_blocks()
+        capture = resolve_decode_capture(config, self.device)
         cfg = self.model_config
-        shape = (self.num_kv_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
+        shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(cfg.num_hidden_layers)]
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
+        self.decode_capture: DecodeCapture | None = None
+        if capture:
+            self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
+                                                self.block_size, self.num_kv_blocks, self.max_model_len, self.device)
 
     def _num_kv_blocks(self) -> int:
         if self.config.num_kv_blocks is not None:
@@ -141,7 +176,9 @@ class ModelRunner:
         step = self.prepare(batch)
         outputs: list[SampleOutput | None] = [None] * len(batch)
         with torch.inference_mode():
-            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            hidden = self.decode_capture.run(step) if self.decode_capture is not None else None
+            if hidden is None:                   # not captured, or a step no bucket takes: eager
+                hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             if step.sample_items:
                 logits = self.model.compute_logits(hidden[step.sample_token_index])
                 samples = self.sampler(logits, [batch[i].seq for i in step.sample_items])

@@ -30,7 +30,16 @@ import torch.nn.functional as F
 from pagedkube.engine.attention import torch_ref
 from pagedkube.engine.attention.metadata import AttentionMetadata
 
-write_kv = torch_ref.write_kv
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """key/value [T, Hkv, D] -> caches at slot_mapping[t]. Unlike torch_ref, every slot must be a
+    real one (>= 0): the runner never makes a negative slot (a captured step's padding rows write
+    the pad block, engine/decode_capture.py), and skipping would need a boolean mask, i.e. a
+    nonzero(), a host sync that neither a torch.compile full graph nor a CUDA graph can hold."""
+    num_blocks, block_size = k_cache.shape[:2]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,20 @@ class DecodePlan:
     token_index: torch.Tensor | None # their token rows
 
 
+def plan_all_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan:
+    """A step where every sequence decodes (max_query_len == 1), from tensor shapes alone: no host
+    sync, so a captured decode step (engine/decode_capture.py) holds it. The block tables' width
+    is the runner's (prepare: the longest sequence's blocks; a captured step: its padded width)."""
+    width = meta.block_tables.shape[1]
+    valid = (torch.arange(width * block_size, device=meta.seq_lens.device)[None, :]
+             < meta.seq_lens.long()[:, None])
+    return DecodePlan(None, meta.block_tables.reshape(-1).long(), valid[:, None, None, :], None, None)
+
+
 def plan_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan | None:
     """None when no sequence decodes (prefill chunks only)."""
+    if meta.max_query_len == 1:
+        return plan_all_decodes(meta, block_size)
     starts = meta.query_start_loc.tolist()
     q_lens = [starts[b + 1] - starts[b] for b in range(meta.num_seqs)]
     decode = [b for b, n in enumerate(q_lens) if n == 1]

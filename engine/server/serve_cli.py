@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.model_source import MODEL_FLAG_HELP
 from pagedkube.observability import add_observability_args, observability_from_args
@@ -44,6 +44,25 @@ def _engine(name: str) -> Any:
     return default_of(EngineConfig, name)
 
 
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"1,2,4,8" -> (1, 2, 4, 8)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,2,4,8, got {text!r}") from None
+
+
+def add_decode_capture_args(p: argparse.ArgumentParser) -> None:
+    """--decode-capture and --decode-capture-sizes (serve and generate)."""
+    p.add_argument("--decode-capture", default=_engine("decode_capture"), choices=DECODE_CAPTURES,
+                   help="run decode-only steps as one captured program per batch bucket: on = torch.compile "
+                        "on CPU (each bucket compiles at start, a minute or more), CUDA graphs on CUDA; "
+                        "off = eager; auto (default) = eager for now: capture is opt-in (docs/engine.md)")
+    p.add_argument("--decode-capture-sizes", type=parse_sizes, default=_engine("decode_capture_sizes"),
+                   help="batch-size buckets to capture, comma-separated (default "
+                        f"{','.join(map(str, _engine('decode_capture_sizes')))}); bigger decode batches run eager")
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
@@ -56,6 +75,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantization", default=_engine("quantization"), choices=QUANTIZATIONS,
                    help="weights: auto = a GGUF file's types as stored, a float model as float; none = all dense; "
                         "int8 / int4 = quantize the projections at load (default auto)")
+    add_decode_capture_args(p)
     p.add_argument("--block-size", type=int, default=_engine("block_size"))
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")
@@ -98,7 +118,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization)
+        max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
+        decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,

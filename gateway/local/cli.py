@@ -8,7 +8,7 @@ from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.defaults import default_of
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
-from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS
+from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS
 from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 from pagedkube.model_source import MODEL_FLAG_HELP
@@ -20,6 +20,8 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--device", dict(choices=DEVICES)),
     ("--dtype", dict(choices=DTYPES)),
     ("--quantization", dict(choices=QUANTIZATIONS)),
+    ("--decode-capture", dict(choices=DECODE_CAPTURES)),
+    ("--decode-capture-sizes", dict(help="batch-size buckets to capture, e.g. 1,2,4,8")),
     ("--block-size", dict(type=int)),
     ("--num-kv-blocks", dict(type=int)),
     ("--kv-cache-memory", dict(help="bytes for each engine's KV pool (e.g. 512MiB)")),

@@ -1,0 +1,212 @@
+"""Whole decode-step capture: the decoder of a decode-only step runs as one captured program
+per batch-size bucket (issue 20 item 4; vLLM's CUDA graphs / torch.compile of the same step).
+
+Why: at one client a packed-weight decode step is per-op overhead, not bytes: its matmuls are
+~7 ms of a ~17 ms forward on this CPU, the rest ~250 aten calls per layer (docs/benchmarks.md,
+"Decode step (CPU)"). Fusing five ops of one RMSNorm measured slower than eager (the compiled
+call's own cost); capture pays only at the size of the whole step, all 30 layers in one
+program: on CPU one torch.compile graph (Inductor fuses the norms, rope and casts into C++
+loops, the int4 matmuls and SDPA stay extern calls), on CUDA one CUDA graph replayed.
+
+Which steps: decode-only steps (every scheduled sequence computes exactly one token) of at
+most max(sizes) sequences. Prefill, chunked prefill, mixed steps and bigger batches run eager,
+which stays the reference. A batch of n is padded to the smallest bucket >= n; padding rows
+are a dummy decode of token 0 at position 0 whose K/V go to the PAD BLOCK, one KV block past
+the pool the block manager owns (it never hands it out), and whose context is that block:
+
+    rows     [ seq 0 | seq 1 | seq 2 | pad ]          n = 3 in bucket 4
+    slots    [ s0    | s1    | s2    | P*bs ]
+    tables   [ bt0 + P.. | bt1 + P.. | bt2 + P.. | P P .. ]    (P = pad block id)
+    seq_lens [ l0    | l1    | l2    | 1  ]
+
+so a padding row reads and writes nothing of a real sequence, and its output row is dropped.
+Block tables are padded with P too (masked out of attention by seq_len either way).
+
+Shapes: [bucket] for ids, positions, slots, seq_lens; block tables [bucket, width]. On CPU the
+width is a dynamic dimension of the compiled graph (kept >= 2 so Dynamo never specialises it
+to 0 or 1): one graph per bucket serves every context length, without recompiles as contexts
+grow (tests/engine/test_decode_capture.py counts them). A CUDA graph has no dynamic
+dimension: there the width is the most a sequence can hold (max_model_len / block_size), and
+the attention metadata's max_seq_len is max_model_len, so the Triton kernel's split count is
+fixed at capture (it reads only up to each seq_len; empty splits drop out in its reduction).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from pagedkube.engine.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from pagedkube.engine.model_runner import StepInputs
+
+log = logging.getLogger(__name__)
+
+MIN_CPU_WIDTH = 2   # Dynamo specialises a dimension of size 0 or 1; padding to 2 keeps the width symbolic
+
+
+@dataclass
+class DecodeInputs:
+    """One decode-only step's tensors, padded to a bucket (the captured program's inputs)."""
+    input_ids: torch.Tensor      # [bucket] int64
+    positions: torch.Tensor      # [bucket] int64
+    slot_mapping: torch.Tensor   # [bucket] int64
+    seq_lens: torch.Tensor       # [bucket] int32
+    block_tables: torch.Tensor   # [bucket, width] int32
+
+
+def decode_forward(model: torch.nn.Module, kv_caches: list, max_seq_len: int, inputs: DecodeInputs) -> torch.Tensor:
+    """The model's forward over one padded decode-only batch: the function that is captured.
+    max_query_len = 1 tells the backends every sequence decodes, so they derive their layout
+    from tensor shapes alone (no host sync); max_seq_len is a constant (see the docstring)."""
+    bucket = inputs.input_ids.shape[0]
+    meta = AttentionMetadata(
+        slot_mapping=inputs.slot_mapping,
+        query_start_loc=torch.arange(bucket + 1, dtype=torch.int32, device=inputs.input_ids.device),
+        seq_lens=inputs.seq_lens, block_tables=inputs.block_tables,
+        max_query_len=1, max_seq_len=max_seq_len)
+    return model(inputs.input_ids, inputs.positions, kv_caches, meta)
+
+
+def pad_decode_step(step: StepInputs | None, bucket: int, width: int, block_size: int, pad_block: int,
+                    device: torch.device) -> DecodeInputs:
+    """A decode-only step's tensors padded to `bucket` rows and `width` blocks (the module
+    docstring's picture); step None: padding rows only (the warm-up and capture input)."""
+    bs, pad = block_size, pad_block
+    block_tables = torch.full((bucket, width), pad, dtype=torch.int32, device=device)
+    input_ids = torch.zeros(bucket, dtype=torch.int64, device=device)
+    positions = torch.zeros(bucket, dtype=torch.int64, device=device)
+    slot_mapping = torch.full((bucket,), pad * bs, dtype=torch.int64, device=device)
+    seq_lens = torch.ones(bucket, dtype=torch.int32, device=device)
+    if step is not None:
+        meta, n = step.meta, step.input_ids.shape[0]
+        tables = meta.block_tables
+        assert n <= bucket and tables.shape[1] <= width, (n, bucket, tables.shape, width)
+        # prepare() pads the tables with block 0, which is masked; pad past each sequence's own
+        # blocks with the pad block instead, so the row reads only its own or the pad block
+        own = torch.arange(tables.shape[1], device=device)[None, :] < -(-meta.seq_lens.long()[:, None] // bs)
+        block_tables[:n, :tables.shape[1]] = torch.where(own, tables, pad)
+        input_ids[:n] = step.input_ids
+        positions[:n] = step.positions
+        slot_mapping[:n] = meta.slot_mapping
+        seq_lens[:n] = meta.seq_lens
+    return DecodeInputs(input_ids, positions, slot_mapping, seq_lens, block_tables)
+
+
+def pick_bucket(sizes: tuple[int, ...], num_seqs: int) -> int | None:
+    """The smallest bucket that holds num_seqs, None when none does (sizes ascending)."""
+    return next((size for size in sizes if size >= num_seqs), None)
+
+
+class DecodeCapture:
+    """Runs decode-only steps through one captured program per bucket; `run` returns None for a
+    step it does not take (the runner then runs the model eagerly)."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list, sizes: tuple[int, ...], block_size: int,
+                 pad_block: int, max_model_len: int, device: torch.device):
+        assert list(sizes) == sorted(set(sizes)) and sizes[0] >= 1, sizes
+        self.sizes = sizes
+        self.block_size = block_size
+        self.pad_block = pad_block
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        max_blocks = -(-max_model_len // block_size)
+        self.width = max_blocks if self.is_cuda else None
+        self.compile_seconds: dict[int, float] = {}
+        self.num_captured_steps = 0              # steps run through the captured program (tests, bench)
+        with torch.inference_mode():
+            if self.is_cuda:
+                forward = functools.partial(decode_forward, model, kv_caches, max_model_len)
+                self.program = CudaGraphs(forward, self.sizes, self.padded, device)
+                self.compile_seconds = self.program.seconds
+            else:
+                self.program = CompiledDecode(model, kv_caches, max_model_len)
+                for size in self.sizes:                  # compile every bucket now, not inside a step
+                    t = time.perf_counter()
+                    self.program(self.padded(size, None))
+                    self.compile_seconds[size] = round(time.perf_counter() - t, 1)
+        log.info("decode capture (%s): buckets %s ready in %s s", "CUDA graphs" if self.is_cuda else "torch.compile",
+                 list(self.sizes), self.compile_seconds)
+
+    def padded(self, bucket: int, step: StepInputs | None = None) -> DecodeInputs:
+        width = self.width or max(MIN_CPU_WIDTH, 0 if step is None else step.meta.block_tables.shape[1])
+        return pad_decode_step(step, bucket, width, self.block_size, self.pad_block, self.device)
+
+    def run(self, step: StepInputs) -> torch.Tensor | None:
+        """hidden [n, hidden] for a decode-only step (a StepInputs), or None when it does not fit."""
+        meta = step.meta
+        if meta.max_query_len != 1:
+            return None
+        n = meta.num_seqs
+        bucket = pick_bucket(self.sizes, n)
+        if bucket is None:
+            return None
+        self.num_captured_steps += 1
+        return self.program(self.padded(bucket, step))[:n]
+
+
+class CompiledDecode:
+    """CPU: torch.compile of the whole decode forward; one graph per bucket (the batch dimension
+    is static), the block-table width dynamic. Guards on nn.Module attributes are dropped
+    (guard_filter_fn): the model does not change after load, and checking its ~300 parameters and
+    submodules on every call cost ~2 ms of a ~15 ms step (measured, docs/benchmarks.md); guards
+    on the input tensors' shapes stay, and they pick the bucket's graph."""
+
+    def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
+        # Dynamo keeps compiled graphs per code object, and without guards on the model two engines
+        # in one process would share (and overwrite) them: each engine compiles its own copy of the code.
+        fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__, "decode_forward")
+        self.fn = torch.compile(fresh, fullgraph=True, dynamic=False,
+                                options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        self.args = (model, kv_caches, max_seq_len)
+
+    def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
+        torch._dynamo.maybe_mark_dynamic(inputs.block_tables, 1)
+        return self.fn(*self.args, inputs)
+
+
+class CudaGraphs:
+    """CUDA: one torch.cuda.CUDAGraph per bucket over static input buffers. Captured largest
+    bucket first, all sharing one memory pool (vLLM's order: the smaller graphs reuse the largest
+    one's blocks). A replay copies the step's padded inputs into the buffers; the output is the
+    graph's own tensor, valid until the next replay (the runner reads it within the step)."""
+
+    WARMUP_RUNS = 2   # Triton JIT and cuBLAS handles happen before capture, on a side stream
+
+    def __init__(self, forward: Callable[[DecodeInputs], torch.Tensor], sizes: tuple[int, ...],
+                 make_inputs: Callable[..., DecodeInputs], device: torch.device):
+        self.buffers: dict[int, DecodeInputs] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.seconds: dict[int, float] = {}
+        pool = None
+        for size in sorted(sizes, reverse=True):
+            t = time.perf_counter()
+            inputs = make_inputs(size, None)
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                for _ in range(self.WARMUP_RUNS):
+                    forward(inputs)
+            torch.cuda.current_stream(device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = forward(inputs)
+            pool = graph.pool()
+            torch.cuda.synchronize(device)
+            self.buffers[size], self.graphs[size], self.outputs[size] = inputs, graph, out
+            self.seconds[size] = round(time.perf_counter() - t, 2)
+
+    def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
+        size = inputs.input_ids.shape[0]
+        static = self.buffers[size]
+        for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables"):
+            getattr(static, name).copy_(getattr(inputs, name), non_blocking=True)
+        self.graphs[size].replay()
+        return self.outputs[size]
