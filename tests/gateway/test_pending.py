@@ -108,3 +108,20 @@ def test_bad_settings_are_refused():
         PendingBlocks(ttl=-1)
     with pytest.raises(ValueError, match="capacity"):
         PendingBlocks(ttl=1, capacity=0)
+
+
+def test_the_flag_reaches_the_gateways_index_and_bad_values_are_refused():
+    import argparse
+
+    from pagedkube.gateway.app import Gateway
+    from pagedkube.gateway.cli import config_from_args, register
+    from pagedkube.gateway.config import GatewayConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    config = config_from_args(parser.parse_args(["gateway", "--endpoints", "http://a:8000", "--pending-ttl", "2.5"]))
+    assert config.pending_ttl == 2.5 and Gateway(config).index.pending.ttl == 2.5
+    default = config_from_args(parser.parse_args(["gateway", "--endpoints", "http://a:8000"]))
+    assert default.pending_ttl == DEFAULT_PENDING_TTL_S and not Gateway(default).index.pending.enabled
+    with pytest.raises(ValueError, match="--pending-ttl"):
+        GatewayConfig(endpoints=["http://a:8000"], pending_ttl=-1.0)
