@@ -20,10 +20,11 @@ So the picker also counts, per endpoint, the blocks this gateway routed there
   * or, past `capacity` blocks for one endpoint, the oldest go first.
 
 Off unless `--pending-ttl` is set: the simulator found it a net loss
-(DEFAULT_PENDING_TTL_S below). This is per-replica state, like the in-flight half of the load: each replica
-knows only what it routed itself (replicas still share nothing). Entries are
-kept in insertion order with one TTL, so they also expire in that order and
-purging is amortised O(1).
+(DEFAULT_PENDING_TTL_S below). It is per-replica state, like the in-flight
+half of the load: each replica knows only what it routed itself (replicas
+still share nothing, and so no longer choose alike on identical feeds and
+loads). Entries are kept in insertion order with one TTL, so they also expire
+in that order and purging is amortised O(1).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from typing import Callable, Iterable
 # Off by default (0). Measured with bench/simulate.py (docs/benchmarks.md
 # "Simulator: routing at fleet scale", "The pending record"): it closes issue
 # 17's one open cell (16 engines, low load, one router: 0.955 -> 0.958, equal
-# to cache_aware) but loses 0.2-1.0 points at high load, 3.3 points on the
+# to cache_aware) but loses 0.15-1.0 points at high load, 3.3 points on the
 # four-engine calibration workload, and makes replicas with identical feeds and
 # loads disagree (4.5-5% of decisions), because each replica knows only what it
 # routed itself.
