@@ -2,7 +2,7 @@
 
     .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
-        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256]
+        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256] [--pending-ttl 0]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--out build/bench/sim]
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_FLOOR  # noqa: E402
+from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S  # noqa: E402
 
 from sim.cache_aware import CacheAwareConfig  # noqa: E402
 from sim.engine import EngineConfig  # noqa: E402
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-floor", type=_list(int), default=[DEFAULT_LOAD_FLOOR])
     p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
     p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
+    p.add_argument("--pending-ttl", type=_list(float), default=[DEFAULT_PENDING_TTL_S],
+                   help="seconds a routed prompt's blocks count as held on its engine before its feed reports "
+                        "them (0: no pending record; the gateway's --pending-ttl)")
     p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
     p.add_argument("--balance-abs", type=int, default=CacheAwareConfig().balance_abs_threshold)
     p.add_argument("--balance-rel", type=float, default=CacheAwareConfig().balance_rel_threshold)
@@ -84,10 +88,10 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
-                                                      args.ring_key_blocks):
+        for c, floor, depth, key, ttl in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
+                                                           args.ring_key_blocks, args.pending_ttl):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
-                                    ring_key_blocks=key))
+                                    ring_key_blocks=key, pending_ttl=ttl))
     return specs
 
 

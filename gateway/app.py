@@ -82,7 +82,7 @@ class Gateway:
         self.rate_limiter = RateLimiter()
         self.endpoints = endpoints if endpoints is not None else EndpointSet(config.eject_after_failures,
                                                                              config.eject_seconds)
-        self.index = PrefixIndex(config.index_capacity)
+        self.index = PrefixIndex(config.index_capacity, pending_ttl=config.pending_ttl)
         self.picker = build_picker(config, self.index)
         self.metrics = GatewayMetrics(self.endpoints.counts_by_state, self.endpoints.load_parts)
         self.static_urls = [normalize_url(u) for u in config.endpoints]
@@ -182,6 +182,8 @@ class Gateway:
         except GatewayError as e:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
+        if self.config.routing == "prefix":   # its blocks are pending there until the feed reports them
+            self.index.routed(decision.endpoint, routing_input.block_hashes)
         self.metrics.routing_decisions.labels(decision.reason).inc()
         note_route(request.scope, decision, outcome.model)
         if decision.predicted_cached_tokens:

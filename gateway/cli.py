@@ -51,6 +51,10 @@ def register(subparsers) -> None:
     p.add_argument("--affinity-depth", type=_affinity_depth, default=_default("affinity_depth"), metavar="N|head",
                    help="leading blocks an engine must hold to draw a request by affinity: 0 (default) any "
                         "held prefix, N at least min(N, the request's ring-key head), 'head' the whole head")
+    p.add_argument("--pending-ttl", type=float, default=_default("pending_ttl"), metavar="SECONDS",
+                   help="count the blocks of a prompt this gateway routed as held by its engine until the engine's "
+                        f"cache feed reports them, at most this long (default {_default('pending_ttl'):g}: off; "
+                        "docs/gateway.md)")
     p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
     p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
                    help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
@@ -96,7 +100,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         endpoints=[u for u in (args.endpoints or "").split(",") if u.strip()],
         kube_service=args.kube_service, namespace=args.namespace, host=args.host, port=args.port,
         routing=args.routing, load_bound=args.load_bound, load_floor=args.load_floor,
-        affinity_depth=args.affinity_depth, api_keys_file=args.api_keys,
+        affinity_depth=args.affinity_depth, pending_ttl=args.pending_ttl, api_keys_file=args.api_keys,
         engine_api_key=args.engine_api_key,
         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
         route_headers=args.route_headers, max_attempts=args.max_attempts,

@@ -7,6 +7,7 @@ from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import DEFAULT_EJECT_AFTER_FAILURES, DEFAULT_EJECT_SECONDS
 from pagedkube.gateway.prompt import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
+from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
@@ -37,6 +38,7 @@ class GatewayConfig:
     load_bound: float = DEFAULT_LOAD_BOUND
     load_floor: int = DEFAULT_LOAD_FLOOR      # requests an engine always takes (bounded_load.py)
     affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH   # 0: any held prefix; None: the whole head (picker.py)
+    pending_ttl: float = DEFAULT_PENDING_TTL_S   # routed-but-unreported blocks count as held (0: off; pending.py)
     api_keys_file: str | None = None
     engine_api_key: str | None = None     # bearer token of engines started with --api-key
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES          # 413 beyond (pagedkube/http_limits.py)
@@ -75,6 +77,8 @@ class GatewayConfig:
             raise ValueError(f"--load-floor must be >= 0, got {self.load_floor}")
         if self.affinity_depth is not None and self.affinity_depth < 0:
             raise ValueError(f"--affinity-depth must be 'head' or an integer >= 0, got {self.affinity_depth}")
+        if not self.pending_ttl >= 0:
+            raise ValueError(f"--pending-ttl must be >= 0 seconds (0: off), got {self.pending_ttl}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port must be 0..65535, got {self.port}")
         for name in ("max_body_bytes", "max_attempts", "ring_key_blocks", "vnodes", "index_capacity",

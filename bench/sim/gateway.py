@@ -17,6 +17,7 @@ from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_L
 from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH, PrefixPicker
 from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
+from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES, HashRing, RingCache
 from pagedkube.gateway.routing.types import Decision, RoutingInput
@@ -34,6 +35,7 @@ class PolicySpec:
     load_floor: int = DEFAULT_LOAD_FLOOR
     affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH
     ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
+    pending_ttl: float = DEFAULT_PENDING_TTL_S     # 0: no pending record (gateway --pending-ttl)
     cache_aware: CacheAwareConfig = CacheAwareConfig()
 
     def __post_init__(self) -> None:
@@ -46,7 +48,8 @@ class PolicySpec:
             return self.name
         rule = "head" if self.affinity_depth is None else "any" if self.affinity_depth == 0 \
             else f"depth{self.affinity_depth}"
-        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}"
+        pending = f" pending={self.pending_ttl:g}s" if self.pending_ttl else ""
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}"
 
 
 class _MemoRing:
@@ -97,7 +100,7 @@ class SimGateway:
         self.clock = clock
         self.endpoints = EndpointSet(clock=clock)
         self.endpoints.update(dict.fromkeys(urls, READY))
-        self.index = PrefixIndex(index_capacity)
+        self.index = PrefixIndex(index_capacity, pending_ttl=policy.pending_ttl, clock=clock)
         rings = rings if rings is not None else RingCache(vnodes)
         if policy.name == "round-robin":
             self.picker = RoundRobinPicker()
@@ -120,6 +123,7 @@ class SimGateway:
             decision = self.picker.pick(request, endpoints, self.loads(), self.clock())
         else:
             decision = self.picker.pick(request, endpoints, self.loads())
+            self.index.routed(decision.endpoint, request.block_hashes)   # as Gateway.handle does
         self.endpoints.acquire(decision.endpoint)
         return decision
 

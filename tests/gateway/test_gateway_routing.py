@@ -26,9 +26,13 @@ def cluster(module_processes, engine_model_args, wait_until):
     a, b, c = (e.url for e in engines)
     # The paper's bound (c = 1.25, no floor): the bound test below counts on capacity 2 of 2 pods.
     bound = ("--load-bound", "1.25", "--load-floor", "0")
+    # Read each engine's cache feed once at start, then not for an hour: what they route on is their own state.
+    no_feed = ("--feed-wait", "0", "--feed-interval", "3600")
     gateways = {
         "one": module_processes.gateway([a, b], *bound),
         "two": module_processes.gateway([b, a], *bound),
+        "pending": module_processes.gateway([a, b], "--pending-ttl", "10", *no_feed),
+        "no-pending": module_processes.gateway([a, b], *no_feed),
         # Probes rarely, so a killed engine is found by the proxy, not by the probe.
         "kill": module_processes.gateway([a, b, c], "--scrape-interval", "60", "--eject-seconds", "60"),
     }
@@ -71,6 +75,24 @@ def test_same_prefix_goes_to_the_same_pod(cluster, wait_until, metric):
             r = post(gw, DOC.format(d=d) + "Question: " + q)
             assert route(r) == (pod, "affinity")
             assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+
+
+def test_a_routed_prompt_draws_the_next_one_before_any_feed_event(cluster):
+    """--pending-ttl: the gateway counts the blocks it just routed to an engine as
+    held there until the engine's feed reports them. Neither gateway here reads a
+    feed event after start, so only that record can send the second prompt
+    (same long document, another question: another ring key) to the first's engine."""
+    _, gateways = cluster
+    doc = DOC.format(d="pending")
+    pod, reason = route(post(gateways["pending"].url, doc + "Question: how much water?"))
+    assert reason == "ring"
+    second = post(gateways["pending"].url, doc + "Question: how often to brush?")
+    assert route(second) == (pod, "affinity")
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+    # Without the record (the default) the same pair is routed on ring keys alone.
+    doc = DOC.format(d="no pending")
+    assert route(post(gateways["no-pending"].url, doc + "Question: how much water?"))[1] == "ring"
+    assert route(post(gateways["no-pending"].url, doc + "Question: how often to brush?"))[1] == "ring"
 
 
 def test_a_multi_turn_session_stays_on_its_pod(cluster, wait_until, metric):

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
+from pagedkube.gateway.routing.pending import SUGGESTED_PENDING_TTL_S
 
 from sim.engine import EngineConfig
 from sim.fleet import FleetConfig, simulate
@@ -75,8 +76,8 @@ def test_default_routing_against_ideal_round_robin_and_cache_aware(grid, load, r
         # other engines (5 ring decisions against cache_aware's 3 misses: its tree
         # records a prompt when it routes it). Nothing moved (no overflow), and beyond
         # the product prompt the two are equal (docs/benchmarks.md "Simulator: routing
-        # at fleet scale": the cold-start keys that close it cost more on real chat
-        # templates).
+        # at fleet scale": the cold-start keys and the pending record that close it
+        # cost more elsewhere; test_the_pending_record_below).
         assert ours.reasons == {"ring": 5, "affinity": ours.requests - 5}
         assert ca.hit_rate - 0.004 <= ours.hit_rate < ca.hit_rate
     else:
@@ -105,3 +106,22 @@ def test_replicas_with_identical_views_never_disagree():
         assert result.disagreement == 0.0 and result.requests > 500
     delayed = simulate(replace(FLEET, replicas=2, feed_delay_s=0.05), LOADS["high"], PolicySpec("prefix"))
     assert 0.0 < delayed.disagreement < 0.5
+
+
+def test_the_pending_record_closes_the_low_load_cell_and_costs_elsewhere(grid):
+    """--pending-ttl (off by default): each gateway counts the blocks it routed as
+    held until the feed reports them. It wins the one cell the default loses to
+    cache_aware, exactly as cache_aware does (3 cold product prompts), but at high
+    load it concentrates the first burst of each product on its first engine
+    (more moves, a lower hit rate), and replicas with identical feeds and loads
+    no longer agree, since each knows only its own routes (docs/benchmarks.md
+    "The pending record")."""
+    pending = PolicySpec("prefix", pending_ttl=SUGGESTED_PENDING_TTL_S)
+    low = simulate(FLEET, LOADS["low"], pending)
+    ca, ours = grid[("low", 1, "cache-aware")], grid[("low", 1, "default")]
+    assert low.hit_rate >= ca.hit_rate > ours.hit_rate
+    assert low.reasons == {"ring": 3, "affinity": low.requests - 3}
+    high, ours_high = simulate(FLEET, LOADS["high"], pending), grid[("high", 1, "default")]
+    assert high.hit_rate < ours_high.hit_rate and high.overflow_share > ours_high.overflow_share
+    same_views = replace(FLEET, replicas=2, feed_delay_s=0.0, scrape_interval_s=0.0)
+    assert simulate(same_views, LOADS["high"], pending).disagreement > 0.0

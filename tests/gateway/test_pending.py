@@ -1,0 +1,127 @@
+"""The pending record (gateway/routing/pending.py) through PrefixIndex: blocks a
+gateway routed to an engine count as held there until its feed reports them,
+a TTL passes (an injected clock), the engine leaves or restarts, or the
+per-endpoint cap pushes them out."""
+import pytest
+
+from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S, PendingBlocks
+from pagedkube.gateway.routing.prefix_index import PrefixIndex
+
+A, B = "http://a:8000", "http://b:8000"
+H = [bytes([i]) * 32 for i in range(12)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def index(ttl: float = 10.0, capacity: int = 1000) -> tuple[PrefixIndex, Clock]:
+    clock = Clock()
+    return PrefixIndex(pending_ttl=ttl, pending_capacity=capacity, clock=clock), clock
+
+
+def test_off_by_default_routing_records_nothing():
+    assert DEFAULT_PENDING_TTL_S == 0
+    idx = PrefixIndex()
+    idx.routed(A, H[:4])
+    assert idx.match_depths(H[:4], [A, B]) == {A: 0, B: 0} and len(idx.pending) == 0
+
+
+def test_routed_blocks_count_as_held_on_that_engine_only():
+    idx, _ = index()
+    idx.routed(A, H[:6])
+    assert idx.match_depths(H[:8], [A, B]) == {A: 6, B: 0}
+    # A prompt sharing only the first three blocks matches three.
+    assert idx.match_depths(H[:3] + [H[11]], [A]) == {A: 3}
+    assert idx.num_hashes(A) == 0   # pending is not held: the held set is the feed's alone
+
+
+def test_pending_extends_a_held_prefix_and_skips_what_is_held():
+    idx, _ = index()
+    idx.stored(A, H[:3], "ea")
+    idx.routed(A, H[:6])            # H0-H2 are held: only H3-H5 become pending
+    assert len(idx.pending) == 3
+    assert idx.match_depths(H[:8], [A]) == {A: 6}
+    idx.removed(A, [H[1]], "ea")    # the engine evicted H1: the prefix breaks there
+    assert idx.match_depths(H[:8], [A]) == {A: 1}
+
+
+def test_the_feeds_stored_event_clears_pending_blocks():
+    idx, _ = index()
+    idx.routed(A, H[:4])
+    idx.stored(A, H[:2], "ea")
+    assert len(idx.pending) == 2 and idx.match_depths(H[:4], [A]) == {A: 4}
+    idx.stored(A, H[2:4], "ea")
+    assert len(idx.pending) == 0 and idx.match_depths(H[:4], [A]) == {A: 4}
+    # Once stored, a removal is the feed's word: nothing pending props the block up.
+    idx.removed(A, H[:4], "ea")
+    assert idx.match_depths(H[:4], [A]) == {A: 0}
+
+
+def test_pending_blocks_expire_after_the_ttl():
+    idx, clock = index(ttl=2.0)
+    idx.routed(A, H[:3])
+    clock.now += 1.0
+    idx.routed(A, H[3:5])           # routed a second later: expires a second later
+    assert idx.match_depths(H[:5], [A]) == {A: 5}
+    clock.now += 1.0                # the first three are 2 s old
+    assert idx.match_depths(H[:5], [A]) == {A: 0} and len(idx.pending) == 2
+    clock.now += 1.0
+    assert len(idx.pending) == 0
+    idx.routed(A, H[:1])            # routing again renews a block
+    assert idx.match_depths(H[:5], [A]) == {A: 1}
+
+
+def test_pending_blocks_go_with_the_engine():
+    idx, _ = index()
+    idx.routed(A, H[:3])
+    idx.routed(B, H[:3])
+    idx.drop(A)                     # A left the endpoint set
+    assert idx.match_depths(H[:3], [A, B]) == {A: 0, B: 3}
+    idx.stored(B, [H[9]], "b1")
+    idx.stored(B, [H[10]], "b2")    # B restarted (a new engine_id): its in-flight prompts are gone
+    assert idx.match_depths(H[:3], [B]) == {B: 0} and len(idx.pending) == 0
+    idx.routed(B, H[:2])
+    idx.reset(B, [H[11]], "b2")     # a snapshot of the same engine (the feed fell behind): still in flight
+    assert idx.match_depths(H[:2], [B]) == {B: 2}
+    idx.reset(B, [H[11]], "b3")     # a snapshot from a newer restart: gone
+    assert idx.match_depths(H[:2], [B]) == {B: 0}
+
+
+def test_each_endpoint_keeps_at_most_capacity_pending_blocks_oldest_out_first():
+    idx, _ = index(capacity=4)
+    idx.routed(A, H[:3])
+    idx.routed(A, H[5:8])
+    assert len(idx.pending) == 4
+    assert idx.match_depths(H[:3], [A]) == {A: 0}          # H0, H1 pushed out
+    assert idx.match_depths([H[2]] + H[5:8], [A]) == {A: 4}
+    idx.routed(B, H[:4])
+    assert len(idx.pending) == 8                           # the cap is per endpoint
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="TTL"):
+        PendingBlocks(ttl=-1)
+    with pytest.raises(ValueError, match="capacity"):
+        PendingBlocks(ttl=1, capacity=0)
+
+
+def test_the_flag_reaches_the_gateways_index_and_bad_values_are_refused():
+    import argparse
+
+    from pagedkube.gateway.app import Gateway
+    from pagedkube.gateway.cli import config_from_args, register
+    from pagedkube.gateway.config import GatewayConfig
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    config = config_from_args(parser.parse_args(["gateway", "--endpoints", "http://a:8000", "--pending-ttl", "2.5"]))
+    assert config.pending_ttl == 2.5 and Gateway(config).index.pending.ttl == 2.5
+    default = config_from_args(parser.parse_args(["gateway", "--endpoints", "http://a:8000"]))
+    assert default.pending_ttl == DEFAULT_PENDING_TTL_S and not Gateway(default).index.pending.enabled
+    with pytest.raises(ValueError, match="--pending-ttl"):
+        GatewayConfig(endpoints=["http://a:8000"], pending_ttl=-1.0)
