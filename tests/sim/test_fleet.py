@@ -77,7 +77,7 @@ def test_default_routing_against_ideal_round_robin_and_cache_aware(grid, load, r
         # records a prompt when it routes it). Nothing moved (no overflow), and beyond
         # the product prompt the two are equal (docs/benchmarks.md "Simulator: routing
         # at fleet scale": the cold-start keys and the pending record that close it
-        # cost more elsewhere; test_the_pending_record_below).
+        # cost more elsewhere: the pending record's test below).
         assert ours.reasons == {"ring": 5, "affinity": ours.requests - 5}
         assert ca.hit_rate - 0.004 <= ours.hit_rate < ca.hit_rate
     else:
