@@ -10,7 +10,7 @@ PIP := $(BIN)/python -P -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: up test node-images-background test-fast cxx test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
+.PHONY: up test prebuild test-fast cxx test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
 
 $(BIN)/python:
 	$(PYTHON) -P -m venv $(VENV)
@@ -32,9 +32,14 @@ install: $(VENV)/.installed
 up: install
 	$(BIN)/pagedkube up
 
-# The node tier's images (network and disk more than CPU) build in the background while
-# the CPU-bound tiers run; test-node waits for that build before it starts its own.
-test: node-images-background test-fast test-wheel test-prometheus test-e2e test-node
+# What only the e2e and node tiers need (the node's images: network and disk; the cluster's
+# Go binaries) builds in the background while the CPU-bound tiers run
+# (e2e/cluster/prebuild.sh); test-e2e and test-node wait for it before they start.
+test: prebuild test-fast test-wheel test-prometheus test-e2e test-node
+
+prebuild:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory node-deps; fi
+	@e2e/cluster/prebuild.sh start
 
 test-fast: install cxx
 	$(BIN)/pytest tests --ignore=tests/prometheus
@@ -85,6 +90,7 @@ test-wheel: install
 # from binaries e2e/cluster/build.sh builds once per machine (cached by version;
 # the first build takes long, see README). Without Go, pytest skips with the reason.
 test-e2e: install
+	@e2e/cluster/prebuild.sh wait
 	@if command -v go >/dev/null; then e2e/cluster/build.sh >/dev/null; \
 	else echo "e2e: no Go toolchain; the e2e tests will be skipped"; fi
 	$(BIN)/pytest e2e --ignore=e2e/node
@@ -103,23 +109,12 @@ node-deps:
 node-images: node-deps
 	e2e/cluster/images.sh build
 
-# Without root the node tier cannot run (kubelet, containerd, network namespaces): these
-# targets say so and its pytest tier skips with the same reason.
-NODE_IMAGES_LOG := build/node-images.log
-NODE_IMAGES_PID := build/node-images.pid
-node-images-background:
-	@if [ "$$(id -u)" != 0 ]; then exit 0; fi; \
-	$(MAKE) --no-print-directory node-deps && mkdir -p build && \
-	{ nohup e2e/cluster/images.sh build > $(NODE_IMAGES_LOG) 2>&1 & echo $$! > $(NODE_IMAGES_PID); } && \
-	echo "node images: building in the background (log: $(NODE_IMAGES_LOG))"
-
+# Without root the node tier cannot run (kubelet, containerd, network namespaces): its
+# pytest tier then skips and says so.
 test-node: install
 	@if [ "$$(id -u)" != 0 ]; then echo "test-node: needs root; its tests will be skipped"; \
 	  $(BIN)/pytest e2e/node; exit $$?; fi; \
-	$(MAKE) --no-print-directory node-deps && \
-	if [ -f $(NODE_IMAGES_PID) ]; then pid=$$(cat $(NODE_IMAGES_PID)); \
-	  while grep -qs images.sh /proc/$$pid/cmdline; do sleep 5; done; rm -f $(NODE_IMAGES_PID); \
-	  echo "node images: background build ended:"; tail -n 4 $(NODE_IMAGES_LOG); fi
+	$(MAKE) --no-print-directory node-deps && e2e/cluster/prebuild.sh wait
 	e2e/cluster/build.sh node >/dev/null
 	e2e/cluster/images.sh build
 	$(BIN)/pytest e2e/node
