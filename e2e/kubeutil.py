@@ -19,6 +19,9 @@ from typing import Any, Callable
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+# The cluster's pinned versions (K8S_VERSION, CONTAINERD_VERSION, ...): e2e/cluster/versions.env.
+VERSIONS = dict(line.split("=", 1) for line in (ROOT / "e2e" / "cluster" / "versions.env").read_text().splitlines()
+                if line and not line.startswith("#"))
 
 
 def load_module(path: Path, name: str) -> ModuleType:

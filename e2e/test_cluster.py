@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeutil import ROOT, Kube
-
-VERSIONS = dict(line.split("=", 1) for line in (ROOT / "e2e" / "cluster" / "versions.env").read_text().splitlines()
-                if line and not line.startswith("#"))
+from kubeutil import ROOT, VERSIONS, Kube
 
 
 def test_clients_see_the_pinned_kubernetes_version(kube: Kube) -> None:

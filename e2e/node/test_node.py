@@ -8,12 +8,10 @@ import uuid
 import pytest
 
 from nodeutil import NODE_NAME, pod_report
-from kubeutil import ROOT, Kube, wait_for
+from kubeutil import VERSIONS, Kube, wait_for
 
 NS = "e2e-node"
-CONTAINERD_VERSION = next(line.split("=", 1)[1] for line in
-                          (ROOT / "e2e" / "cluster" / "versions.env").read_text().splitlines()
-                          if line.startswith("CONTAINERD_VERSION="))
+CONTAINERD_VERSION = VERSIONS["CONTAINERD_VERSION"]
 
 
 @pytest.fixture(scope="module")
