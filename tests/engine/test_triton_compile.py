@@ -60,7 +60,8 @@ def compile_all() -> None:
 
 
 def test_triton_kernels_compile_for_sm80_and_sm90():
-    run_script(__file__, len(CONFIGS))
+    compiled = run_script(__file__)
+    assert len(compiled) == len(CONFIGS), compiled
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ def compile_all() -> None:
 
 
 def test_wxa16_kernels_compile_for_sm80_and_sm90():
-    run_script(__file__, len(CONFIGS))
+    compiled = run_script(__file__)
+    assert len(compiled) == len(CONFIGS), compiled
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ def compile_cubin(fn, signature: dict, constants: dict, sm: int, label: str) -> 
     print(f"compiled {label} sm_{sm}: shared={kernel.metadata.shared}B", flush=True)
 
 
-def run_script(path: str, expected: int) -> None:
-    """Runs a test module as a script without the interpreter; expects `expected` compiled kernels."""
+def run_script(path: str) -> list[str]:
+    """Runs a test module as a script without the interpreter; returns the "compiled ..."
+    lines it printed, one per kernel built."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     # the script imports this module too: pytest's pythonpath does not reach a child
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), env.get("PYTHONPATH")]))
     res = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("compiled ") == expected, res.stdout
+    return [line for line in res.stdout.splitlines() if line.startswith("compiled ")]
