@@ -4,7 +4,7 @@
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
         [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256] [--pending-ttl 0]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
-        [--seed 0] [--out build/bench/sim]
+        [--seed 0] [--trace-load] [--out build/bench/sim]
 
 Every list flag is swept (the cartesian product; the prefix knobs only for
 `prefix`). --rate and --sessions are per engine, so a sweep over --engines
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import math
 import sys
 import time
 from dataclasses import replace
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds until a cache event reaches a gateway")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="0: every gateway sees every load exactly")
     p.add_argument("--seed", type=_list(int), default=[0])
+    p.add_argument("--trace-load", action="store_true",
+                   help="also report how well each load unit predicts TTFT (Spearman's rho of TTFT with the chosen "
+                        "engine's requests, and with its prompt tokens still to prefill); slower")
     p.add_argument("--out", default=str(REPO / "build" / "bench" / "sim"))
     args = p.parse_args(argv)
     for name in args.policies:
@@ -104,7 +108,8 @@ def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
                                                                   args.feed_delay):
         fleet = FleetConfig(engines=engines, replicas=replicas, time_model=PROFILES[args.profile],
                             engine=EngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs),
-                            feed_delay_s=delay, scrape_interval_s=args.scrape_interval, seed=seed)
+                            feed_delay_s=delay, scrape_interval_s=args.scrape_interval, seed=seed,
+                            trace_load=args.trace_load)
         spec = WorkloadSpec(kind=args.workload, sessions=args.sessions * engines, rate=rate * engines, seed=seed,
                             think_s=args.think_s, answer_tokens=(lo, hi))
         group = []
@@ -118,9 +123,16 @@ def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
                   f"{result.policy:44s} hit {result.hit_rate:.3f} session-hit {result.session_hit_rate:.3f} "
                   f"TTFT p50/p99 {result.ttft_p50_s * 1e3:.0f}/{result.ttft_p99_s * 1e3:.0f} ms "
                   f"max/mean {result.max_mean_run:.2f} overflow {result.overflow_share:.3f} "
-                  f"disagree {result.disagreement:.3f} ({time.perf_counter() - started:.1f} s)", flush=True)
+                  f"disagree {result.disagreement:.3f}{_rho(result)} ({time.perf_counter() - started:.1f} s)", flush=True)
         results += _with_ideal(group)
     return results
+
+
+def _rho(result: RunResult) -> str:
+    if math.isnan(result.ttft_rho_backlog_own):
+        return ""   # not traced
+    return (f" TTFT rho: requests {result.ttft_rho_requests:.2f} backlog {result.ttft_rho_backlog:.2f}"
+            f" backlog+own {result.ttft_rho_backlog_own:.2f}")
 
 
 def _with_ideal(group: list[RunResult]) -> list[RunResult]:

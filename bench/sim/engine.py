@@ -90,6 +90,20 @@ class SimEngine:
     def load(self) -> int:
         return self.scheduler.num_running + self.scheduler.num_waiting
 
+    def prefill_backlog(self) -> int:
+        """Prompt tokens this engine has still to prefill: the unscheduled rest of its
+        running prompts and, for waiting ones, what its cache would not serve now."""
+        backlog = 0
+        for seq in self._requests:
+            if seq.num_computed_tokens >= seq.num_prompt_tokens:
+                continue
+            if self.kv.holds_blocks(seq):
+                backlog += seq.num_prompt_tokens - seq.num_computed_tokens
+            else:
+                cached = len(self.kv.get_computed_blocks(seq)) * self.config.block_size
+                backlog += seq.num_prompt_tokens - cached
+        return backlog
+
     def cached_hashes(self) -> list[bytes]:
         return self.kv.pool.cached_hashes()
 

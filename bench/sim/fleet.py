@@ -38,6 +38,7 @@ class FleetConfig:
     ideal_pooled_compute: bool = True  # ideal: n engines' compute as one; False: one engine's
     seed: int = 0
     memo_walks: bool = True            # remember ring walks (the same results, faster: gateway.WalkMemo)
+    trace_load: bool = False           # record each request's engine load in requests and in prefill tokens
 
     def __post_init__(self) -> None:
         if self.engines < 1 or self.replicas < 1:
@@ -74,11 +75,42 @@ class RunResult:
     events: int
     ideal_hit_rate: float = math.nan
     reasons: dict = field(default_factory=dict)
+    # With FleetConfig.trace_load: Spearman's rank correlation of TTFT with the chosen engine's
+    # load at arrival, counted as requests (running + waiting: the bound's unit), as prompt
+    # tokens still to prefill (the backlog), and as the backlog plus the request's own uncached tokens.
+    ttft_rho_requests: float = math.nan
+    ttft_rho_backlog: float = math.nan
+    ttft_rho_backlog_own: float = math.nan
 
     def row(self) -> dict:
         out = asdict(self)
         out["reasons"] = ";".join(f"{k}={v}" for k, v in sorted(self.reasons.items()))
         return out
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation (ties get their mean rank); NaN for fewer than 3 pairs or a constant side."""
+    if len(xs) < 3:
+        return math.nan
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return cov / math.sqrt(vx * vy) if vx and vy else math.nan
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -111,6 +143,7 @@ class _Run:
         self.gateways = [SimGateway(f"gw{r}", urls, policy, clock, rings=rings) for r in range(fleet.replicas)]
         self.rng = random.Random(f"{fleet.seed}/replica-split")
         self.ttft: list[float] = []
+        self.traced: list[tuple[int, int, int, float]] = []   # trace_load: requests, backlog, own, TTFT
         self.queue: list[float] = []
         self.decisions = self.overflows = self.disagreements = self.compared = 0
         self.reasons: dict[str, int] = {}
@@ -190,6 +223,8 @@ class _Run:
 
         def first_token(t: float) -> None:
             self.ttft.append(t - sent)
+            if traced is not None:
+                self.traced.append((*traced, t - sent))
 
         def done(t: float, cached: int) -> None:
             gw.release(url)
@@ -203,7 +238,11 @@ class _Run:
 
         engine_request = SimRequest(f"{session.session_id}/{turn}", prompt, session.answers[turn],
                                     session.cache_salt, first_token, done)
-        self.by_url[url].submit(engine_request)
+        engine = self.by_url[url]
+        traced = (engine.load, engine.prefill_backlog()) if self.fleet.trace_load else None
+        engine.submit(engine_request)
+        if traced is not None:
+            traced = (*traced, engine.prefill_backlog() - traced[1])
 
     def run(self) -> RunResult:
         for gw in self.gateways:
@@ -241,7 +280,15 @@ class _Run:
             overflow_share=self.overflows / self.decisions if self.decisions else 0.0,
             disagreement=self.disagreements / self.compared if self.compared else 0.0,
             preemptions=sum(e.stats.preemptions for e in self.engines),
-            sim_s=self.loop.now, events=self.loop.num_events, reasons=dict(self.reasons))
+            sim_s=self.loop.now, events=self.loop.num_events, reasons=dict(self.reasons), **self._load_units())
+
+    def _load_units(self) -> dict:
+        if not self.traced:
+            return {}
+        requests, backlog, own, ttft = zip(*self.traced)
+        return {"ttft_rho_requests": spearman(list(requests), list(ttft)),
+                "ttft_rho_backlog": spearman(list(backlog), list(ttft)),
+                "ttft_rho_backlog_own": spearman([b + o for b, o in zip(backlog, own)], list(ttft))}
 
 
 def simulate(fleet: FleetConfig, spec: WorkloadSpec, policy: PolicySpec) -> RunResult:
