@@ -33,8 +33,37 @@ PAUSE_REF=localhost/pagedkube/pause:3.10
 GATEWAY_REF=ghcr.io/pagedkube/gateway:$version
 ENGINE_REF=ghcr.io/pagedkube/engine:$version
 
+# buildah commits a new layer through two temporary copies of it under TMPDIR (/var/tmp by
+# default; podman#22342): 11.4 GB for the engine's torch + CUDA venv layer, measured. A CI
+# machine whose /var/tmp is small (a tmpfs) then fails with "storing layer ... to file: io:
+# read/write on closed pipe". Keep them under the cache, on the disk free_space checks.
+export TMPDIR="$cache/tmp/buildah"
+# Free disk an engine image build needs beside what is there, measured on a cold build (the venv
+# layer: the working container's copy, two temporary copies, the committed layer; then the
+# archive): 24 GB. PAGEDKUBE_IMAGES_MIN_FREE_GB overrides it (0 skips the check).
+ENGINE_BUILD_GB="${PAGEDKUBE_IMAGES_MIN_FREE_GB:-24}"
+
 log() { echo "images.sh: [$SECONDS s] $*" >&2; }
 bah() { buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver overlay "$@"; }
+
+free_gb() { df --output=avail -BG "$1" | tail -n 1 | tr -dc 0-9; }
+
+# disk_report: what a failed build leaves to read (the usual cause is a full disk).
+disk_report() {
+  log "disk: $(df -h --output=target,size,avail "$cache" "$TMPDIR" /var/tmp | tail -n +2 | sort -u | tr -s ' ' | paste -sd ';')"
+  log "cache: $(du -sh "$cache"/* 2>/dev/null | tr '\t' ' ' | paste -sd ';')"
+}
+
+# free_space NAME GB: fail now, saying why, when the cache's disk has less than GB free.
+free_space() {
+  local avail
+  avail="$(free_gb "$cache")"
+  if (( avail < $2 )); then
+    log "building $1 needs about $2 GB free on the disk of $cache; it has $avail GB (set PAGEDKUBE_IMAGES_MIN_FREE_GB to change the check)"
+    disk_report
+    exit 4
+  fi
+}
 
 # sha256 over the named files' paths and contents (tracked and untracked, not ignored).
 hash_inputs() {
@@ -140,14 +169,15 @@ build_dockerfile() {
   key="$(echo "$(hash_inputs "$dockerfile" docker pyproject.toml setup.py README.md pagedkube engine gateway operator) $(basename "$base_out") $ref" | sha256sum | cut -c1-16)"
   out="$cache/$name-$key.tar"
   if [[ ! -f "$out" ]]; then
+    [[ "$name" != engine ]] || free_space "$ref" "$ENGINE_BUILD_GB"
     log "building $ref from $dockerfile"
     local t0=$SECONDS
     # docker format keeps the Dockerfiles' HEALTHCHECK (OCI image configs have no field for it)
     (cd "$root" && bah bud --layers --force-rm --pull=false --isolation chroot --network host --format docker \
-       --build-arg "PYTHON_IMAGE=$BASE_REF" -f "$dockerfile" -t "$ref" . >&2)
+       --build-arg "PYTHON_IMAGE=$BASE_REF" -f "$dockerfile" -t "$ref" . >&2) || { disk_report; return 1; }
     # A docker archive: uncompressed (gzip of the engine's torch layer would cost minutes
     # of CPU for a local import), and it keeps the docker-format config.
-    bah push "$ref" "docker-archive:$out.part:$ref" >&2
+    bah push "$ref" "docker-archive:$out.part:$ref" >&2 || { rm -f "$out.part"; disk_report; return 1; }
     mv "$out.part" "$out"
     log "$ref built in $(( SECONDS - t0 )) s"
     find "$cache" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$out")" -delete
@@ -156,10 +186,11 @@ build_dockerfile() {
 }
 
 build() {
-  mkdir -p "$cache/tmp"
-  # A killed build leaves buildah working containers mounted: remove them, now and at exit.
+  # A killed build leaves buildah working containers mounted and temporary layer copies:
+  # remove them, now and at exit.
+  rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
   bah rm --all >/dev/null 2>&1 || true
-  trap 'bah rm --all >/dev/null 2>&1 || true' EXIT
+  trap 'bah rm --all >/dev/null 2>&1 || true; rm -rf "$TMPDIR"' EXIT
   local names=("$@")
   [[ ${#names[@]} -gt 0 ]] || names=(pause gateway engine)
   for n in "${names[@]}"; do
