@@ -37,6 +37,7 @@ class EngineStats:
     num_preemptions: int           # cumulative
     num_kv_blocks: int
     num_free_blocks: int
+    num_captured_steps: int = 0    # cumulative: decode steps run through the captured program (decode_capture.py)
 
 
 class LLMEngine:
@@ -171,4 +172,5 @@ class LLMEngine:
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
-            num_kv_blocks=kv.pool.num_blocks, num_free_blocks=kv.num_free_blocks)
+            num_kv_blocks=kv.pool.num_blocks, num_free_blocks=kv.num_free_blocks,
+            num_captured_steps=self.runner.decode_capture.num_captured_steps if self.runner.decode_capture else 0)

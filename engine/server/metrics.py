@@ -71,6 +71,10 @@ class _EngineStatsCollector:
                       "Prefix cache hits, in terms of number of cached tokens.", get("prefix_cache_hits"))
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                       get("num_preemptions"))
+        # Ours (vLLM has none): whether --decode-capture is doing anything, next to its step count.
+        yield counter("pagedkube_engine_captured_decode_steps",
+                      "Decode steps run through the captured program (--decode-capture); the others ran eager.",
+                      get("num_captured_steps"))
 
 
 class EngineMetrics:

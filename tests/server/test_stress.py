@@ -1,4 +1,6 @@
-"""512 concurrent clients against one default `pagedkube serve`, on uvloop and on asyncio.
+"""512 concurrent clients against one default `pagedkube serve`, on uvloop and on asyncio,
+and on uvloop with whole decode-step capture (`--decode-capture on`: torch.compile'd decode
+buckets 1 and 8, so the storm's decode steps run captured, padded and eager by batch size).
 
 The load that wedged the engine (issue 14, PITFALLS "A pipe under uvloop"): a
 mix of completions and chats, n up to 8, logprobs up to 5, streamed and not,
@@ -12,8 +14,12 @@ import asyncio
 import json
 import random
 
+import os
+
 import httpx
 import pytest
+
+from pagedkube.engine.model_runner import has_cxx_toolchain
 
 from .conftest import ServerProcess, metric_value, wait_until
 
@@ -81,11 +87,22 @@ async def _storm(url: str) -> list[str]:
         return await asyncio.gather(*jobs)
 
 
+CAPTURE = ("--decode-capture", "on", "--decode-capture-sizes", "1,8")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
-def test_512_concurrent_clients(tmp_path, loop):
-    server = ServerProcess(tmp_path, "--max-model-len", "256", "--loop", loop, name=f"stress-{loop}").start()
+@pytest.mark.parametrize("loop,extra", [("uvloop", ()), ("asyncio", ()), ("uvloop", CAPTURE)],
+                         ids=["uvloop", "asyncio", "uvloop-decode-capture"])
+def test_512_concurrent_clients(tmp_path, loop, extra):
+    if extra and not has_cxx_toolchain():
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must run the decode-capture storm: `make cxx` installs g++ and python3-dev")
+        pytest.skip("torch.compile on CPU needs g++ and Python's headers (make cxx installs them)")
+    server = ServerProcess(tmp_path, "--max-model-len", "256", "--loop", loop, *extra,
+                           name=f"stress-{loop}{'-capture' if extra else ''}").start()
     try:
+        if extra:
+            assert "decode capture (torch.compile): buckets [1, 8] ready" in server.log()
         results = asyncio.run(_storm(server.url))
         failures = [r for r in results if r not in ("ok", "abandoned")]
         assert not failures, f"{len(failures)} failed, e.g. {failures[:3]}\n{server.log()[-3000:]}"
@@ -101,5 +118,9 @@ def test_512_concurrent_clients(tmp_path, loop):
                         and metric_value(text, "vllm:num_requests_waiting") == 0
                         and metric_value(text, "vllm:kv_cache_usage_perc") == 0)
             wait_until(pool_empty, timeout=60)   # abandoned streams' aborts reach the core
+            captured = metric_value(c.get("/metrics").text, "pagedkube_engine_captured_decode_steps_total")
+            # With capture every decode-only step of 1-8 sequences ran captured (the storm's tail
+            # and the request above); without it none did.
+            assert captured > 0 if extra else captured == 0
     finally:
         assert server.stop() == 0, server.log()[-3000:]
