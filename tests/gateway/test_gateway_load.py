@@ -1,7 +1,8 @@
 """512 clients at once through one gateway process (uvicorn on uvloop, as
-`pagedkube gateway` runs) in front of an upstream that answers at once
-(tests/helpers/fake_upstream.py): every request answered 200, every one counted, and
-nothing left in flight. The engine's own behaviour under such load is
+`pagedkube gateway` runs) in front of two upstreams that answer at once
+(tests/helpers/fake_upstream.py), with the default routing and with the pending
+record on (--pending-ttl: every decision records its prompt's blocks): every request
+answered 200, every one counted, and nothing left in flight. The engine's own behaviour under such load is
 tests/server's; this is the gateway's connection handling and bookkeeping."""
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ pytestmark = pytest.mark.slow  # a real gateway process
 CLIENTS = 512
 
 
-def test_512_concurrent_clients(processes, metric, wait_until):
+@pytest.mark.parametrize("flags", [(), ("--pending-ttl", "10")], ids=["default", "pending-record"])
+def test_512_concurrent_clients(processes, metric, wait_until, flags):
     events: list[str] = []
-    with FakeEngine(events) as engine:
-        gw = processes.gateway([engine.url])
+    with FakeEngine(events) as a, FakeEngine(events) as b:
+        gw = processes.gateway([a.url, b.url], *flags)
         processes.wait_ready(gw)
         wait_until(lambda: httpx.get(gw.url + "/ready").json()["tokenizer"], timeout=60)
 
