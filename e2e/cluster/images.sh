@@ -40,9 +40,12 @@ ENGINE_REF=ghcr.io/pagedkube/engine:$version
 export TMPDIR="$cache/tmp/buildah"
 # Free disk an engine image build needs beside what is there. Cold, measured: the 5.7 GB venv
 # layer as the working container's copy, two temporary copies and the committed layer at once
-# (23 GB), then the archive. With an engine archive already here buildah's layer cache holds
+# (23 GB), then the archive. When buildah's storage holds an engine image its layer cache has
 # that layer, and only our thin layers and a new archive are written (about 8 GB).
-# PAGEDKUBE_IMAGES_MIN_FREE_GB overrides both (0 skips the check).
+# PAGEDKUBE_IMAGES_MIN_FREE_GB overrides both (0 skips the check). When a build leaves less
+# than ENGINE_COLD_GB free, the layer cache (7 GB) is dropped: the archives stay valid, the
+# node tier needs the room (containerd unpacks the engine image: 6 GB, 12 while importing),
+# and the next change to our sources rebuilds the engine image from the start.
 ENGINE_COLD_GB=24
 ENGINE_WARM_GB=8
 
@@ -174,7 +177,7 @@ build_dockerfile() {
   if [[ ! -f "$out" ]]; then
     if [[ "$name" == engine ]]; then
       local need=$ENGINE_COLD_GB
-      compgen -G "$cache/engine-*.tar" >/dev/null && need=$ENGINE_WARM_GB
+      bah inspect --type image "$ref" >/dev/null 2>&1 && need=$ENGINE_WARM_GB
       free_space "$ref" "${PAGEDKUBE_IMAGES_MIN_FREE_GB:-$need}"
     fi
     log "building $ref from $dockerfile"
@@ -188,6 +191,10 @@ build_dockerfile() {
     mv "$out.part" "$out"
     log "$ref built in $(( SECONDS - t0 )) s"
     find "$cache" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$out")" -delete
+    if [[ "$name" == engine ]] && (( $(free_gb "$cache") < ENGINE_COLD_GB )); then
+      log "less than $ENGINE_COLD_GB GB left free: dropping buildah's layer cache (the archives stay valid)"
+      bah rmi --all --force >/dev/null
+    fi
   fi
   echo "$name $out $ref"
 }
