@@ -36,8 +36,10 @@ ENGINE_REF=ghcr.io/pagedkube/engine:$version
 # buildah commits a new layer through two temporary copies of it under TMPDIR (/var/tmp by
 # default; podman#22342): 11.4 GB for the engine's torch + CUDA venv layer, measured. A CI
 # machine whose /var/tmp is small (a tmpfs) then fails with "storing layer ... to file: io:
-# read/write on closed pipe". Keep them under the cache, on the disk free_space checks.
-export TMPDIR="$cache/tmp/buildah"
+# read/write on closed pipe". Keep them under the cache, on the disk free_space checks. Only
+# buildah gets this TMPDIR: the base image's chroot (apt's maintainer scripts, which build the CA
+# bundle) would not find the directory and fail quietly.
+buildah_tmp="$cache/tmp/buildah"
 # Free disk an engine image build needs beside what is there. Cold, measured: the 5.7 GB venv
 # layer as the working container's copy, two temporary copies and the committed layer at once
 # (23 GB), then the archive. When buildah's storage holds an engine image its layer cache has
@@ -50,13 +52,13 @@ ENGINE_COLD_GB=24
 ENGINE_WARM_GB=8
 
 log() { echo "images.sh: [$SECONDS s] $*" >&2; }
-bah() { buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver overlay "$@"; }
+bah() { TMPDIR="$buildah_tmp" buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver overlay "$@"; }
 
 free_gb() { df --output=avail -BG "$1" | tail -n 1 | tr -dc 0-9; }
 
 # disk_report: what a failed build leaves to read (the usual cause is a full disk).
 disk_report() {
-  log "disk: $(df -h --output=target,size,avail "$cache" "$TMPDIR" /var/tmp | tail -n +2 | sort -u | tr -s ' ' | paste -sd ';')"
+  log "disk: $(df -h --output=target,size,avail "$cache" "$buildah_tmp" /var/tmp | tail -n +2 | sort -u | tr -s ' ' | paste -sd ';')"
   log "cache: $(du -sh "$cache"/* 2>/dev/null | tr '\t' ' ' | paste -sd ';')"
 }
 
@@ -202,9 +204,9 @@ build_dockerfile() {
 build() {
   # A killed build leaves buildah working containers mounted and temporary layer copies:
   # remove them, now and at exit.
-  rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
+  rm -rf "$buildah_tmp" && mkdir -p "$buildah_tmp"
   bah rm --all >/dev/null 2>&1 || true
-  trap 'bah rm --all >/dev/null 2>&1 || true; rm -rf "$TMPDIR"' EXIT
+  trap 'bah rm --all >/dev/null 2>&1 || true; rm -rf "$buildah_tmp"' EXIT
   local names=("$@")
   [[ ${#names[@]} -gt 0 ]] || names=(pause gateway engine)
   for n in "${names[@]}"; do
