@@ -45,9 +45,10 @@ buildah_tmp="$cache/tmp/buildah"
 # (23 GB), then the archive. When buildah's storage holds an engine image its layer cache has
 # that layer, and only our thin layers and a new archive are written (about 8 GB).
 # PAGEDKUBE_IMAGES_MIN_FREE_GB overrides both (0 skips the check). When a build leaves less
-# than ENGINE_COLD_GB free, the layer cache (7 GB) is dropped: the archives stay valid, the
+# than its cold need free, the layer cache (7 GB) is dropped: the archives stay valid, the
 # node tier needs the room (containerd unpacks the engine image: 6 GB, 12 while importing),
-# and the next change to our sources rebuilds the engine image from the start.
+# and the next change to our sources rebuilds the engine image from the start. The gateway
+# image (0.5 GB) asks nothing.
 ENGINE_COLD_GB=24
 ENGINE_WARM_GB=8
 
@@ -170,16 +171,17 @@ GO
   echo "pause $out $PAUSE_REF"
 }
 
-# build_dockerfile NAME DOCKERFILE REF: buildah bud with the local base image.
+# build_dockerfile NAME DOCKERFILE REF [COLD_GB WARM_GB]: buildah bud with the local base image,
+# first checking for COLD_GB free (WARM_GB when buildah's storage already holds REF's layers).
 build_dockerfile() {
-  local name="$1" dockerfile="$2" ref="$3" key out base_out
+  local name="$1" dockerfile="$2" ref="$3" cold_gb="${4:-0}" warm_gb="${5:-0}" key out base_out need
   read -r _ base_out _ <<< "$(build_base)"
   key="$(echo "$(hash_inputs "$dockerfile" docker pyproject.toml setup.py README.md pagedkube engine gateway operator) $(basename "$base_out") $ref" | sha256sum | cut -c1-16)"
   out="$cache/$name-$key.tar"
   if [[ ! -f "$out" ]]; then
-    if [[ "$name" == engine ]]; then
-      local need=$ENGINE_COLD_GB
-      bah inspect --type image "$ref" >/dev/null 2>&1 && need=$ENGINE_WARM_GB
+    if (( cold_gb > 0 )); then
+      need=$cold_gb
+      bah inspect --type image "$ref" >/dev/null 2>&1 && need=$warm_gb
       free_space "$ref" "${PAGEDKUBE_IMAGES_MIN_FREE_GB:-$need}"
     fi
     log "building $ref from $dockerfile"
@@ -193,8 +195,8 @@ build_dockerfile() {
     mv "$out.part" "$out"
     log "$ref built in $(( SECONDS - t0 )) s"
     find "$cache" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$out")" -delete
-    if [[ "$name" == engine ]] && (( $(free_gb "$cache") < ENGINE_COLD_GB )); then
-      log "less than $ENGINE_COLD_GB GB left free: dropping buildah's layer cache (the archives stay valid)"
+    if (( $(free_gb "$cache") < cold_gb )); then
+      log "less than $cold_gb GB left free: dropping buildah's layer cache (the archives stay valid)"
       bah rmi --all --force >/dev/null
     fi
   fi
@@ -214,7 +216,7 @@ build() {
       base) build_base ;;
       pause) build_pause ;;
       gateway) build_dockerfile gateway Dockerfile.gateway "$GATEWAY_REF" ;;
-      engine) build_dockerfile engine Dockerfile.engine "$ENGINE_REF" ;;
+      engine) build_dockerfile engine Dockerfile.engine "$ENGINE_REF" "$ENGINE_COLD_GB" "$ENGINE_WARM_GB" ;;
       *) echo "images.sh: unknown image $n" >&2; exit 2 ;;
     esac
   done
