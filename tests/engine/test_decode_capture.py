@@ -14,28 +14,18 @@ layers compiles for 1-3 minutes); `make cxx` provides the C++ toolchain torch.co
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
+from toolchain import require_cxx
 from torch._dynamo.utils import counters
 
 from pagedkube.engine.llm import LLM
-from pagedkube.engine.model_runner import has_cxx_toolchain
 from pagedkube.engine.sampling_params import SamplingParams
 
 TINY = dict(model="builtin://tiny", device="cpu", dtype="float32", num_kv_blocks=6, block_size=16)
 SIZES = (1, 4)
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-
-
-def require_cxx() -> None:
-    """torch.compile's CPU code needs g++ and Python's headers (`make cxx` installs them, CI runs it)."""
-    if not has_cxx_toolchain():
-        if os.environ.get("CI"):
-            raise RuntimeError("CI must run the decode-capture tests: `make cxx` installs g++ and python3-dev")
-        pytest.skip("torch.compile on CPU needs g++ and Python's headers (make cxx installs them)")
 
 
 def prompts(count: int, base: int = 10) -> list[list[int]]:

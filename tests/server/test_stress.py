@@ -14,12 +14,9 @@ import asyncio
 import json
 import random
 
-import os
-
 import httpx
 import pytest
-
-from pagedkube.engine.model_runner import has_cxx_toolchain
+from toolchain import require_cxx
 
 from .conftest import ServerProcess, metric_value, wait_until
 
@@ -94,10 +91,8 @@ CAPTURE = ("--decode-capture", "on", "--decode-capture-sizes", "1,8")
 @pytest.mark.parametrize("loop,extra", [("uvloop", ()), ("asyncio", ()), ("uvloop", CAPTURE)],
                          ids=["uvloop", "asyncio", "uvloop-decode-capture"])
 def test_512_concurrent_clients(tmp_path, loop, extra):
-    if extra and not has_cxx_toolchain():
-        if os.environ.get("CI"):
-            raise RuntimeError("CI must run the decode-capture storm: `make cxx` installs g++ and python3-dev")
-        pytest.skip("torch.compile on CPU needs g++ and Python's headers (make cxx installs them)")
+    if extra:
+        require_cxx()
     server = ServerProcess(tmp_path, "--max-model-len", "256", "--loop", loop, *extra,
                            name=f"stress-{loop}{'-capture' if extra else ''}").start()
     try:
