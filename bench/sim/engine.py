@@ -91,24 +91,23 @@ class SimEngine:
         return self.scheduler.num_running + self.scheduler.num_waiting
 
     def prefill_backlog(self) -> int:
-        """Prompt tokens this engine has still to prefill: the unscheduled rest of its
-        running prompts and, for waiting ones, what its cache would not serve now."""
-        backlog = 0
-        for seq in self._requests:
-            if seq.num_computed_tokens >= seq.num_prompt_tokens:
-                continue
-            if self.kv.holds_blocks(seq):
-                backlog += seq.num_prompt_tokens - seq.num_computed_tokens
-            else:
-                cached = len(self.kv.get_computed_blocks(seq)) * self.config.block_size
-                backlog += seq.num_prompt_tokens - cached
-        return backlog
+        """Prompt tokens this engine has still to prefill (uncached_prompt_tokens, summed)."""
+        return sum(self.uncached_prompt_tokens(seq) for seq in self._requests)
+
+    def uncached_prompt_tokens(self, seq: Sequence) -> int:
+        """What seq has still to prefill: the unscheduled rest of a running prompt, or for a
+        waiting one what this engine's cache would not serve now."""
+        if seq.num_computed_tokens >= seq.num_prompt_tokens:
+            return 0
+        if self.kv.holds_blocks(seq):
+            return seq.num_prompt_tokens - seq.num_computed_tokens
+        return seq.num_prompt_tokens - len(self.kv.get_computed_blocks(seq)) * self.config.block_size
 
     def cached_hashes(self) -> list[bytes]:
         return self.kv.pool.cached_hashes()
 
     # -- requests and steps ---------------------------------------------------------
-    def submit(self, request: SimRequest) -> None:
+    def submit(self, request: SimRequest) -> Sequence:
         if not request.answer:
             raise ValueError(f"request {request.request_id} has an empty answer")
         params = SamplingParams(max_tokens=len(request.answer), ignore_eos=True, temperature=0.0)
@@ -120,6 +119,7 @@ class SimEngine:
         if not self._busy:
             self._busy = True
             self.loop.at(self.loop.now, self._step)
+        return seq
 
     def _step(self) -> None:
         scheduled = self.scheduler.schedule()

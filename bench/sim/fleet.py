@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
 
 from pagedkube.gateway.routing.keys import routing_input
 from pagedkube.gateway.routing.types import OVERFLOW
@@ -93,24 +96,15 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     if len(xs) < 3:
         return math.nan
 
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(len(values)), key=values.__getitem__)
-        out = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
+    def ranks(values: list[float]) -> np.ndarray:
+        _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+        ends = np.cumsum(counts)                   # a tie group holds ranks ends - counts .. ends - 1
+        return ((2 * ends - counts - 1) / 2)[inverse]
 
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return cov / math.sqrt(vx * vy) if vx and vy else math.nan
+    try:
+        return statistics.correlation(ranks(xs).tolist(), ranks(ys).tolist())
+    except statistics.StatisticsError:             # a constant side
+        return math.nan
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -221,6 +215,8 @@ class _Run:
         url = decision.endpoint
         sent = now
 
+        traced = None
+
         def first_token(t: float) -> None:
             self.ttft.append(t - sent)
             if traced is not None:
@@ -239,10 +235,11 @@ class _Run:
         engine_request = SimRequest(f"{session.session_id}/{turn}", prompt, session.answers[turn],
                                     session.cache_salt, first_token, done)
         engine = self.by_url[url]
-        traced = (engine.load, engine.prefill_backlog()) if self.fleet.trace_load else None
-        engine.submit(engine_request)
-        if traced is not None:
-            traced = (*traced, engine.prefill_backlog() - traced[1])
+        load = engine.load
+        seq = engine.submit(engine_request)
+        if self.fleet.trace_load:   # the backlog ahead of the request, and its own tokens (nothing ran yet)
+            own = engine.uncached_prompt_tokens(seq)
+            traced = (load, engine.prefill_backlog() - own, own)
 
     def run(self) -> RunResult:
         for gw in self.gateways:
