@@ -4,6 +4,7 @@
 # only), then the control plane's and the node's Go binaries (build.sh).
 #   prebuild.sh start   in the background; log in build/prebuild.log
 #   prebuild.sh wait    until a started prebuild has ended, then print its log's tail
+#                       (3 lines, or 60 when it failed)
 # The tiers then run build.sh and images.sh themselves: they find everything cached,
 # or build (and report) what the prebuild did not.
 set -euo pipefail
@@ -34,6 +35,7 @@ case "${1:-}" in
     pid="$(cat "$pidfile")"
     while grep -qs prebuild.sh "/proc/$pid/cmdline"; do sleep 5; done
     rm -f "$pidfile"
-    tail -n 3 "$logfile" ;;
+    # a failed prebuild's cause is what CI's log must show: the tiers' own rebuild may fail later
+    if grep -q "ended with status 0 " "$logfile"; then tail -n 3 "$logfile"; else tail -n 60 "$logfile"; fi ;;
   *) echo "usage: $0 start|wait" >&2; exit 2 ;;
 esac
