@@ -2,7 +2,8 @@
 
     .venv/bin/python -P bench/simulate.py [--workload petcare] [--engines 16] [--replicas 1,2]
         [--rate 0.125,2.5] [--sessions 40] [--policies ideal,round-robin,least-load,cache-aware,prefix]
-        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256] [--pending-ttl 0]
+        [--load-bound 1.5] [--load-floor 8] [--affinity-depth 0] [--ring-key-blocks 256]
+        [--pending-ttl auto] [--pending-min-blocks 16] [--pending-max-load 1]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--trace-load] [--out build/bench/sim]
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_FLOOR  # noqa: E402
-from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S  # noqa: E402
+from pagedkube.gateway.routing.pending import DEFAULT_PENDING_MAX_LOAD, DEFAULT_PENDING_MIN_BLOCKS  # noqa: E402
 
 from sim.cache_aware import CacheAwareConfig  # noqa: E402
 from sim.engine import EngineConfig  # noqa: E402
@@ -46,6 +47,10 @@ def _depth(v: str) -> int | None:
     return None if v == "head" else int(v)
 
 
+def _ttl(v: str) -> float | None:
+    return None if v == "auto" else float(v)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=KINDS, default="petcare")
@@ -61,9 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-floor", type=_list(int), default=[DEFAULT_LOAD_FLOOR])
     p.add_argument("--affinity-depth", type=_list(_depth), default=[0], help="0 (any prefix), N or head")
     p.add_argument("--ring-key-blocks", type=_list(int), default=[256])
-    p.add_argument("--pending-ttl", type=_list(float), default=[DEFAULT_PENDING_TTL_S],
+    p.add_argument("--pending-ttl", type=_list(_ttl), default=[None],
                    help="seconds a routed prompt's blocks count as held on its engine before its feed reports "
-                        "them (0: no pending record; the gateway's --pending-ttl)")
+                        "them (the gateway's --pending-ttl; 0: no pending record; auto: as the operator deploys "
+                        "it, on with one router and off with several)")
+    p.add_argument("--pending-min-blocks", type=_list(int), default=[DEFAULT_PENDING_MIN_BLOCKS],
+                   help="shortest pending run that draws a request")
+    p.add_argument("--pending-max-load", type=_list(int), default=[DEFAULT_PENDING_MAX_LOAD],
+                   help="most requests an engine may have for its pending run to draw a request")
     p.add_argument("--cache-threshold", type=float, default=CacheAwareConfig().cache_threshold)
     p.add_argument("--balance-abs", type=int, default=CacheAwareConfig().balance_abs_threshold)
     p.add_argument("--balance-rel", type=float, default=CacheAwareConfig().balance_rel_threshold)
@@ -92,10 +102,12 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key, ttl in itertools.product(args.load_bound, args.load_floor, args.affinity_depth,
-                                                           args.ring_key_blocks, args.pending_ttl):
+        for c, floor, depth, key, ttl, min_blocks, max_load in itertools.product(
+                args.load_bound, args.load_floor, args.affinity_depth, args.ring_key_blocks, args.pending_ttl,
+                args.pending_min_blocks, args.pending_max_load):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
-                                    ring_key_blocks=key, pending_ttl=ttl))
+                                    ring_key_blocks=key, pending_ttl=ttl, pending_min_blocks=min_blocks,
+                                    pending_max_load=max_load))
     return specs
 
 

@@ -53,8 +53,8 @@ def register(subparsers) -> None:
                         "held prefix, N at least min(N, the request's ring-key head), 'head' the whole head")
     p.add_argument("--pending-ttl", type=float, default=_default("pending_ttl"), metavar="SECONDS",
                    help="count the blocks of a prompt this gateway routed as held by its engine until the engine's "
-                        f"cache feed reports them, at most this long (default {_default('pending_ttl'):g}: off; "
-                        "docs/gateway.md)")
+                        f"cache feed reports them, at most this long (default {_default('pending_ttl'):g}; 0: off, "
+                        "which one of several gateway replicas needs so that replicas choose alike; docs/gateway.md)")
     p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
     p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
                    help="bearer token of engines started with --api-key: sent on the cache feed, probes and "

@@ -134,7 +134,8 @@ class _Run:
         urls = [e.name for e in self.engines]
         clock = lambda: self.loop.now  # noqa: E731
         rings = WalkMemo() if fleet.memo_walks else None
-        self.gateways = [SimGateway(f"gw{r}", urls, policy, clock, rings=rings) for r in range(fleet.replicas)]
+        self.gateways = [SimGateway(f"gw{r}", urls, policy, clock, rings=rings, replicas=fleet.replicas)
+                         for r in range(fleet.replicas)]
         self.rng = random.Random(f"{fleet.seed}/replica-split")
         self.ttft: list[float] = []
         self.traced: list[tuple[int, int, int, float]] = []   # trace_load: requests, backlog, own, TTFT

@@ -17,7 +17,8 @@ from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_L
 from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH, PrefixPicker
 from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
-from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S
+from pagedkube.gateway.routing.pending import (
+    DEFAULT_PENDING_MAX_LOAD, DEFAULT_PENDING_MIN_BLOCKS, pending_ttl_for)
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY, PrefixIndex
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES, HashRing, RingCache
 from pagedkube.gateway.routing.types import Decision, RoutingInput
@@ -35,7 +36,11 @@ class PolicySpec:
     load_floor: int = DEFAULT_LOAD_FLOOR
     affinity_depth: int | None = DEFAULT_AFFINITY_DEPTH
     ring_key_blocks: int = DEFAULT_RING_KEY_BLOCKS
-    pending_ttl: float = DEFAULT_PENDING_TTL_S     # 0: no pending record (gateway --pending-ttl)
+    # The pending record (gateway --pending-ttl): None = as deployed (on with one
+    # router, off with several: pending_ttl_for); 0 = off; S = on for S seconds.
+    pending_ttl: float | None = None
+    pending_min_blocks: int = DEFAULT_PENDING_MIN_BLOCKS
+    pending_max_load: int = DEFAULT_PENDING_MAX_LOAD
     cache_aware: CacheAwareConfig = CacheAwareConfig()
 
     def __post_init__(self) -> None:
@@ -48,7 +53,9 @@ class PolicySpec:
             return self.name
         rule = "head" if self.affinity_depth is None else "any" if self.affinity_depth == 0 \
             else f"depth{self.affinity_depth}"
-        pending = f" pending={self.pending_ttl:g}s" if self.pending_ttl else ""
+        pending = "" if self.pending_ttl is None else f" pending={self.pending_ttl:g}s"
+        if (self.pending_min_blocks, self.pending_max_load) != (DEFAULT_PENDING_MIN_BLOCKS, DEFAULT_PENDING_MAX_LOAD):
+            pending += f" pending-gate={self.pending_min_blocks}b,load<={self.pending_max_load}"
         return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}"
 
 
@@ -94,13 +101,18 @@ class WalkMemo(RingCache):
 class SimGateway:
     def __init__(self, name: str, urls: list[str], policy: PolicySpec, clock: Callable[[], float],
                  vnodes: int = DEFAULT_VNODES, index_capacity: int = DEFAULT_CAPACITY,
-                 rings: RingCache | None = None):
+                 rings: RingCache | None = None, replicas: int = 1):
+        """`replicas`: how many gateway replicas route this fleet (the pending
+        record's default depends on it, as the operator deploys it)."""
         self.name = name
         self.policy = policy
         self.clock = clock
         self.endpoints = EndpointSet(clock=clock)
         self.endpoints.update(dict.fromkeys(urls, READY))
-        self.index = PrefixIndex(index_capacity, pending_ttl=policy.pending_ttl, clock=clock)
+        ttl = pending_ttl_for(replicas) if policy.pending_ttl is None else policy.pending_ttl
+        self.index = PrefixIndex(index_capacity, pending_ttl=ttl, clock=clock,
+                                 pending_min_blocks=policy.pending_min_blocks,
+                                 pending_max_load=policy.pending_max_load)
         rings = rings if rings is not None else RingCache(vnodes)
         if policy.name == "round-robin":
             self.picker = RoundRobinPicker()

@@ -19,12 +19,24 @@ So the picker also counts, per endpoint, the blocks this gateway routed there
   * the endpoint leaves the set or restarts (PrefixIndex.drop / reset),
   * or, past `capacity` blocks for one endpoint, the oldest go first.
 
-Off unless `--pending-ttl` is set: the simulator found it a net loss
-(DEFAULT_PENDING_TTL_S below). It is per-replica state, like the in-flight
-half of the load: each replica knows only what it routed itself (replicas
-still share nothing, and so no longer choose alike on identical feeds and
-loads). Entries are kept in insertion order with one TTL, so they also expire
-in that order and purging is amortised O(1).
+Two conditions keep the record from concentrating load (PendingBlocks.counts):
+a pending run draws a request only when it is at least `min_blocks` long (a
+short shared head, such as a chat template and a one-line system prompt, is
+cheap to prefill twice and would otherwise pull every cold first turn to one
+engine), and only to an engine with at most `max_load` requests in this
+gateway's view, the one that left the record (behind a busy engine the second
+session would queue, and at high load spreading a product's first sessions
+over their own ring owners pays later, when the bound moves sessions off the
+product's holders).
+
+It is per-replica state, like the in-flight half of the load: each replica
+knows only what it routed itself, so replicas fed the same feeds and loads
+would no longer choose alike (DESIGN.md §6). So it is on only for a gateway
+that is the fleet's one router, whose record is then complete
+(`pending_ttl_for`: the operator passes `--pending-ttl 0` when
+spec.gateway.replicas > 1, and so must anyone running several gateway
+replicas by hand). Entries are kept in insertion order with one TTL, so they
+also expire in that order and purging is amortised O(1).
 """
 from __future__ import annotations
 
@@ -32,41 +44,69 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
-# Off by default (0). Measured with bench/simulate.py (docs/benchmarks.md
-# "Simulator: routing at fleet scale", "The pending record"): it closes issue
-# 17's one open cell (16 engines, low load, one router: 0.955 -> 0.958, equal
-# to cache_aware) but loses 0.15-1.0 points at high load, 3.3 points on the
-# four-engine calibration workload, and makes replicas with identical feeds and
-# loads disagree (4.5-5% of decisions), because each replica knows only what it
-# routed itself.
-DEFAULT_PENDING_TTL_S = 0.0
-# What to give --pending-ttl to turn it on: above the time a prompt normally
-# takes to be reported (on the simulator's H100 profile, 10k prefill tokens/s,
-# a 32k-token prompt prefills in ~3.3 s; the feed adds <= --feed-interval).
-# Longer only keeps stale entries (failed requests) a little longer; shorter
-# loses the record under queueing (0.25 s and 10 s gave the same grid at low load).
-SUGGESTED_PENDING_TTL_S = 10.0
+# On (a gateway alone in front of its engines). Measured with bench/simulate.py
+# (docs/benchmarks.md "The pending record"): with one router it closes the one
+# cell of issue 17's grid the stateless rule lost to cache_aware (16 engines,
+# low load: 0.9547 -> 0.9584 on seed 0; +0.0020 on average over seeds 0-11 and
+# never below), moves high load by -0.0009 on average (within the seeds'
+# spread; ungated it lost 0.15-1.0 points), and leaves the four-engine
+# calibration workload as it was (ungated: -3.3 points). The TTL only bounds
+# how long the record of a prompt that is never reported (a failed or aborted
+# request) lives: it must exceed the time a prompt normally takes to be
+# reported (on the simulator's H100 profile, 10k prefill tokens/s, a
+# 32k-token prompt prefills in ~3.3 s; the feed adds <= --feed-interval);
+# 0.25 s and 10 s gave the same grid at low load, 0.05 s is too short for a
+# 2,000-token prompt.
+DEFAULT_PENDING_TTL_S = 10.0
+# A pending run shorter than this draws nothing: 16 blocks = 256 tokens. On the
+# calibration workload (bench/routing.py's chat template and short system
+# prompts) 4 blocks drew every cold first turn to one engine (-2.2 points);
+# 8 to 64 blocks gave the same grid and calibration (docs/benchmarks.md).
+DEFAULT_PENDING_MIN_BLOCKS = 16
+# Only an engine with at most this many requests (in-flight from this gateway
+# plus its scraped queue) is drawn: the one running the request that left the
+# record. At high load (seeds 0-3) 2 and 3 lost 0.30 and 0.27 points on
+# average where 1 lost 0.03.
+DEFAULT_PENDING_MAX_LOAD = 1
 # Blocks pending per endpoint: 32,768 x 16 tokens = 512K tokens, about what
 # one 80 GB GPU's KV pool holds for an 8B model (prefix_index.py), so more than
 # an engine can be prefilling at once. ~100 bytes an entry: ~3 MB per endpoint.
 DEFAULT_PENDING_CAPACITY = 32_768
 
 
+def pending_ttl_for(replicas: int, ttl: float = DEFAULT_PENDING_TTL_S) -> float:
+    """The --pending-ttl for a gateway that is one of `replicas` routers: the
+    record only where it is the whole fleet's (one router), else off."""
+    if replicas < 1:
+        raise ValueError(f"gateway replicas must be >= 1, got {replicas}")
+    return ttl if replicas == 1 else 0.0
+
+
 class PendingBlocks:
     def __init__(self, ttl: float = DEFAULT_PENDING_TTL_S, capacity: int = DEFAULT_PENDING_CAPACITY,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, min_blocks: int = DEFAULT_PENDING_MIN_BLOCKS,
+                 max_load: int = DEFAULT_PENDING_MAX_LOAD):
         if not ttl >= 0:
             raise ValueError(f"pending TTL must be >= 0 seconds (0: off), got {ttl}")
         if capacity <= 0:
             raise ValueError(f"pending capacity must be positive, got {capacity}")
+        if min_blocks < 1 or max_load < 0:
+            raise ValueError(f"pending min_blocks must be >= 1 and max_load >= 0, got {min_blocks}, {max_load}")
         self.ttl = ttl
         self.capacity = capacity
         self.clock = clock
+        self.min_blocks = min_blocks
+        self.max_load = max_load
         self._endpoints: dict[str, OrderedDict[bytes, float]] = {}
 
     @property
     def enabled(self) -> bool:
         return self.ttl > 0
+
+    def counts(self, run: int, load: int | None) -> bool:
+        """Whether `run` pending blocks on an endpoint with `load` requests (None:
+        not known, no load condition) draw a request."""
+        return run >= self.min_blocks and (load is None or load <= self.max_load)
 
     def __len__(self) -> int:
         return sum(len(self._live(e)) for e in list(self._endpoints))

@@ -72,7 +72,7 @@ class PrefixPicker:
         capacity = self.bound.capacity(loads, walk)
         fits = [e for e in walk if self.bound.within(e, loads, capacity)]
 
-        depths = self.prefix.match_depths(request.block_hashes, walk) if request.block_hashes else {}
+        depths = self.prefix.match_depths(request.block_hashes, walk, loads) if request.block_hashes else {}
         deepest = max(depths.values(), default=0)
         chosen = None
         if deepest >= self.required_depth(request):

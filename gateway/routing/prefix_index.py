@@ -12,15 +12,18 @@ Hashes are kept as raw 32-byte digests (half the memory of hex strings).
 It also holds this gateway's pending record (pending.py): blocks it routed to
 an endpoint that the endpoint's feed has not reported yet. `routed` adds them,
 a `stored` event clears them, `drop` and a restart forget them, and
-`match_depths` counts a pending block like a held one.
+`match_depths` counts a pending run like held blocks where the record's
+conditions allow it (pending.py).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import takewhile
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
-from pagedkube.gateway.routing.pending import DEFAULT_PENDING_CAPACITY, DEFAULT_PENDING_TTL_S, PendingBlocks
+from pagedkube.gateway.routing.pending import (
+    DEFAULT_PENDING_CAPACITY, DEFAULT_PENDING_MAX_LOAD, DEFAULT_PENDING_MIN_BLOCKS, DEFAULT_PENDING_TTL_S,
+    PendingBlocks)
 
 # An engine's pool holds at most num_kv_blocks hashes: 131,072 blocks of 16
 # tokens is 2M tokens, above what one 80 GB GPU holds for an 8B model
@@ -49,13 +52,16 @@ class _EndpointHashes:
 
 class PrefixIndex:
     def __init__(self, capacity: int = DEFAULT_CAPACITY, pending_ttl: float = DEFAULT_PENDING_TTL_S,
-                 pending_capacity: int = DEFAULT_PENDING_CAPACITY, clock: Callable[[], float] | None = None):
+                 pending_capacity: int = DEFAULT_PENDING_CAPACITY, clock: Callable[[], float] | None = None,
+                 pending_min_blocks: int = DEFAULT_PENDING_MIN_BLOCKS,
+                 pending_max_load: int = DEFAULT_PENDING_MAX_LOAD):
         if capacity <= 0:
             raise ValueError(f"prefix index capacity must be positive, got {capacity}")
         self.capacity = capacity
         self._endpoints: dict[str, _EndpointHashes] = {}
-        self.pending = PendingBlocks(pending_ttl, pending_capacity) if clock is None \
-            else PendingBlocks(pending_ttl, pending_capacity, clock)
+        gate = {"min_blocks": pending_min_blocks, "max_load": pending_max_load}
+        self.pending = PendingBlocks(pending_ttl, pending_capacity, **gate) if clock is None \
+            else PendingBlocks(pending_ttl, pending_capacity, clock, **gate)
 
     def __len__(self) -> int:
         return sum(len(e.hashes) for e in self._endpoints.values())
@@ -117,12 +123,15 @@ class PrefixIndex:
         entry = self._endpoints.get(endpoint)
         return entry is not None and block_hash in entry.hashes
 
-    def match_depths(self, block_hashes: Sequence[bytes], endpoints: Sequence[str]) -> dict[str, int]:
+    def match_depths(self, block_hashes: Sequence[bytes], endpoints: Sequence[str],
+                     loads: Mapping[str, int] | None = None) -> dict[str, int]:
         """Leading blocks of the prompt each endpoint holds or has pending (blocks
-        this gateway routed there that its feed has not reported yet). Hashes are
-        chained, so holding block i means holding the same tokens and salt for
-        blocks 0..i; a depth still stops at the first block an endpoint lacks,
-        since the engine can only reuse a contiguous prefix."""
+        this gateway routed there that its feed has not reported yet; a pending
+        run counts where PendingBlocks.counts allows it, given the endpoint's
+        load in `loads`). Hashes are chained, so holding block i means holding
+        the same tokens and salt for blocks 0..i; a depth still stops at the
+        first block an endpoint lacks, since the engine can only reuse a
+        contiguous prefix."""
         depths = dict.fromkeys(endpoints, 0)
         if not block_hashes:
             return depths
@@ -136,6 +145,8 @@ class PrefixIndex:
             depth = len(list(takewhile(held.__contains__, block_hashes))) if held and first in held else 0
             live = pending.live(e) if pending is not None else None
             if live is not None and depth < len(block_hashes) and block_hashes[depth] in live:
-                depth += _run(block_hashes[depth:], held or (), live)
+                run = _run(block_hashes[depth:], held or (), live)
+                if pending.counts(run, None if loads is None else loads.get(e, 0)):
+                    depth += run
             depths[e] = depth
         return depths

@@ -4,7 +4,9 @@ Determinism across gateway replicas (PITFALLS.md "Per-replica routing state"):
 a picker's answer depends only on its arguments (the request's hashes and key,
 the endpoint set, the loads and the prefix index fed by the engines' cache
 feeds), never on arrival order or per-replica random state. Round-robin is the
-one exception, and it is a baseline only.
+one exception, and it is a baseline only. The prefix index's pending record
+(pending.py) is this gateway's own routes, so it is on only for a gateway that
+is the fleet's one router, where no other replica exists to agree with.
 """
 from __future__ import annotations
 
@@ -73,9 +75,11 @@ class Picker(Protocol):
 
 
 class PrefixSource(Protocol):
-    """How many leading blocks of `block_hashes` each endpoint holds."""
+    """How many leading blocks of `block_hashes` each endpoint holds (`loads`:
+    as given to Picker.pick; the pending record draws only to idle endpoints)."""
 
-    def match_depths(self, block_hashes: Sequence[bytes], endpoints: Sequence[str]) -> dict[str, int]: ...
+    def match_depths(self, block_hashes: Sequence[bytes], endpoints: Sequence[str],
+                     loads: Mapping[str, int] | None = None) -> dict[str, int]: ...
 
 
 def predicted_cached_tokens(matched_blocks: int, num_prompt_tokens: int, block_size: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkube.gateway.routing.pending import pending_ttl_for
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, pod_security_context, readiness_probe,
@@ -26,6 +27,8 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
     args = ["gateway", "--kube-service", naming.engine_name(svc.name), "--namespace", svc.namespace,
             "--host", "0.0.0.0", "--port", str(naming.GATEWAY_PORT),
             "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
+    if pending_ttl_for(g.replicas) == 0:
+        args += ["--pending-ttl", "0"]   # several replicas: each would know only its own routes
     if g.api_key_secret:
         args += ["--api-keys", f"{API_KEYS_DIR}/{API_KEYS_KEY}"]
     if g.route_headers:

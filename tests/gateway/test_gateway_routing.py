@@ -31,8 +31,8 @@ def cluster(module_processes, engine_model_args, wait_until):
     gateways = {
         "one": module_processes.gateway([a, b], *bound),
         "two": module_processes.gateway([b, a], *bound),
-        "pending": module_processes.gateway([a, b], "--pending-ttl", "10", *no_feed),
-        "no-pending": module_processes.gateway([a, b], *no_feed),
+        "pending": module_processes.gateway([a, b], *no_feed),   # the default: on (one router)
+        "no-pending": module_processes.gateway([a, b], "--pending-ttl", "0", *no_feed),
         # Probes rarely, so a killed engine is found by the proxy, not by the probe.
         "kill": module_processes.gateway([a, b, c], "--scrape-interval", "60", "--eject-seconds", "60"),
     }
@@ -78,19 +78,26 @@ def test_same_prefix_goes_to_the_same_pod(cluster, wait_until, metric):
 
 
 def test_a_routed_prompt_draws_the_next_one_before_any_feed_event(cluster):
-    """--pending-ttl: the gateway counts the blocks it just routed to an engine as
-    held there until the engine's feed reports them. Neither gateway here reads a
-    feed event after start, so only that record can send the second prompt
-    (same long document, another question: another ring key) to the first's engine."""
+    """The pending record (on by default): the gateway counts the blocks it just
+    routed to an engine as held there until the engine's feed reports them.
+    Neither gateway here reads a feed event after start, so only that record can
+    send the second prompt (same long document, another question: another ring
+    key) to the first's engine. A shared run under 16 blocks draws nothing."""
     _, gateways = cluster
-    doc = DOC.format(d="pending")
-    pod, reason = route(post(gateways["pending"].url, doc + "Question: how much water?"))
-    assert reason == "ring"
+    doc = DOC.format(d="pending") * 5
+    first = post(gateways["pending"].url, doc + "Question: how much water?")
+    pod, reason = route(first)
+    assert reason == "ring" and first.json()["usage"]["prompt_tokens"] > 17 * 16   # above the 16-block gate
     second = post(gateways["pending"].url, doc + "Question: how often to brush?")
     assert route(second) == (pod, "affinity")
-    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
-    # Without the record (the default) the same pair is routed on ring keys alone.
-    doc = DOC.format(d="no pending")
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 16
+    # A short shared document (under 16 blocks) is not worth a draw: ring keys alone.
+    short = DOC.format(d="short pending")
+    first = post(gateways["pending"].url, short + "Question: how much water?")
+    assert route(first)[1] == "ring" and first.json()["usage"]["prompt_tokens"] < 16 * 16
+    assert route(post(gateways["pending"].url, short + "Question: how often to brush?"))[1] == "ring"   # nothing matched
+    # With --pending-ttl 0 (several gateway replicas) the long pair is routed on ring keys alone.
+    doc = DOC.format(d="no pending") * 5
     assert route(post(gateways["no-pending"].url, doc + "Question: how much water?"))[1] == "ring"
     assert route(post(gateways["no-pending"].url, doc + "Question: how often to brush?"))[1] == "ring"
 

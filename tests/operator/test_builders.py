@@ -147,6 +147,7 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
     assert c["image"] == f"ghcr.io/pagedkube/gateway:{__version__}"
     assert c["args"] == ["gateway", "--kube-service", "demo-engine", "--namespace", "team-a",
                          "--host", "0.0.0.0", "--port", "8080", "--routing", "least-load", "--load-bound", "1.5",
+                         "--pending-ttl", "0",   # two gateway replicas: no pending record (pending.py)
                          "--api-keys", "/etc/pagedkube/api-keys/api-keys.yaml",
                          "--autoscale", "--llmservice", "demo", "--min-replicas", "1", "--max-replicas", "8",
                          "--target-queue-depth", "2.5", "--scale-up-window", "0", "--scale-down-window", "300"]
@@ -230,7 +231,11 @@ def test_vllm_runtime_runs_the_upstream_image_with_equivalent_arguments() -> Non
     assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
     # Same Service and gateway; the gateway falls back to the ring without a cache feed.
     assert objs["Service/demo-engine"]["spec"]["ports"][0]["port"] == 8000
-    assert "--kube-service" in objs["Deployment/demo-gateway"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    gateway = objs["Deployment/demo-gateway"]
+    assert "--kube-service" in gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    # One gateway replica: the pending record stays on (the gateway's default).
+    assert gateway["spec"]["replicas"] == 1
+    assert "--pending-ttl" not in gateway["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_service_monitor_scrapes_both_parts_only_when_the_crd_exists() -> None:
