@@ -51,6 +51,7 @@ from typing import Callable
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pagedkube.gateway.routing.pending import pending_ttl_for  # noqa: E402
 from routers import (Setup, engine_loads, gateway_loads, have_vllm_router, replica,  # noqa: E402
                      start_vllm_router, wait_router)
 from workloads import Workload, long_document_qa, no_shared_prefix, petcare_chat  # noqa: E402
@@ -433,7 +434,7 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
                    for i, c in enumerate(args.load_bound)]
     if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
         setups.append(("prefix old", "prefix", 1.25,
-                       ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0"]))
+                       ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0", "--pending-ttl", "0"]))
     for variant in args.prefix_variant:
         name, _, flags = variant.partition(":")
         setups.append((name, "prefix", args.load_bound[0], flags.split()))
@@ -441,9 +442,11 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     for name, routing, c, extra in setups:
         for r in (args.routers if routing == "prefix" and name == "prefix" else [1]):
             label = name if r == 1 else f"{name} x{r}"
+            # As the operator deploys them: several replicas run without the pending record.
+            replicas = ["--pending-ttl", "0"] if routing == "prefix" and pending_ttl_for(r) == 0 else []
             urls = [procs.start(f"gateway-{label.replace(' ', '-')}-{i}",
                                 ["-m", "pagedkube", "gateway", "--endpoints", ",".join(engines), "--routing", routing,
-                                 "--load-bound", str(c), "--route-headers", *extra]) for i in range(r)]
+                                 "--load-bound", str(c), "--route-headers", *replicas, *extra]) for i in range(r)]
             chosen[label] = Setup(label, urls, ours=urls, bound=c, loads=gateway_loads(urls, in_flight))
     if args.vllm_router and have_vllm_router():
         for r in args.routers:
