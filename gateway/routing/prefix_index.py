@@ -17,6 +17,7 @@ conditions allow it (pending.py).
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from itertools import takewhile
 from typing import Callable, Iterable, Mapping, Sequence
@@ -59,9 +60,8 @@ class PrefixIndex:
             raise ValueError(f"prefix index capacity must be positive, got {capacity}")
         self.capacity = capacity
         self._endpoints: dict[str, _EndpointHashes] = {}
-        gate = {"min_blocks": pending_min_blocks, "max_load": pending_max_load}
-        self.pending = PendingBlocks(pending_ttl, pending_capacity, **gate) if clock is None \
-            else PendingBlocks(pending_ttl, pending_capacity, clock, **gate)
+        self.pending = PendingBlocks(pending_ttl, pending_capacity, clock or time.monotonic,
+                                     min_blocks=pending_min_blocks, max_load=pending_max_load)
 
     def __len__(self) -> int:
         return sum(len(e.hashes) for e in self._endpoints.values())
