@@ -60,7 +60,7 @@ class PrefixIndex:
             raise ValueError(f"prefix index capacity must be positive, got {capacity}")
         self.capacity = capacity
         self._endpoints: dict[str, _EndpointHashes] = {}
-        self.pending = PendingBlocks(pending_ttl, pending_capacity, clock or time.monotonic,
+        self.pending = PendingBlocks(pending_ttl, pending_capacity, time.monotonic if clock is None else clock,
                                      min_blocks=pending_min_blocks, max_load=pending_max_load)
 
     def __len__(self) -> int:
