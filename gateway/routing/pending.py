@@ -47,7 +47,7 @@ from typing import Callable, Iterable
 # On (a gateway alone in front of its engines). Measured with bench/simulate.py
 # (docs/benchmarks.md "The pending record"): with one router it closes the one
 # cell of issue 17's grid the stateless rule lost to cache_aware (16 engines,
-# low load: 0.9547 -> 0.9584 on seed 0; +0.0020 on average over seeds 0-11 and
+# low load: 0.9547 -> 0.9584 on seed 0; +0.0021 on average over seeds 0-11 and
 # never below), moves high load by -0.0009 on average (within the seeds'
 # spread; ungated it lost 0.15-1.0 points), and leaves the four-engine
 # calibration workload as it was (ungated: -3.3 points). The TTL only bounds
