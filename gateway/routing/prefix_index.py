@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from itertools import takewhile
+from itertools import islice, takewhile
 from typing import Callable, Iterable, Mapping, Sequence
 
 from pagedkube.gateway.routing.pending import (
@@ -84,12 +84,16 @@ class PrefixIndex:
 
     def routed(self, endpoint: str, block_hashes: Sequence[bytes]) -> None:
         """This gateway sent a prompt with `block_hashes` to `endpoint`: the blocks
-        it does not hold yet are pending there until its feed reports them."""
+        it does not hold yet are pending there until its feed reports them. At most
+        the endpoint's pending capacity of them, the leading ones: a match needs a
+        prompt's head, and a multi-megabyte prompt (100k+ blocks) would otherwise
+        cost the event loop tens of ms only to keep its tail."""
         if not self.pending.enabled or not block_hashes:
             return
         entry = self._endpoints.get(endpoint)
         held = entry.hashes if entry is not None else ()
-        self.pending.add(endpoint, (h for h in block_hashes if h not in held))
+        unheld = (h for h in block_hashes if h not in held)
+        self.pending.add(endpoint, islice(unheld, self.pending.capacity))
 
     def stored(self, endpoint: str, hashes: Iterable[bytes], engine_id: str | None = None) -> None:
         entry = self._entry(endpoint, engine_id)

@@ -128,6 +128,14 @@ def test_each_endpoint_keeps_at_most_capacity_pending_blocks_oldest_out_first():
     assert len(idx.pending) == 8                           # the cap is per endpoint
 
 
+def test_a_prompt_longer_than_the_cap_keeps_its_head():
+    """A prompt of more blocks than the cap records its leading blocks (what a
+    match needs), not its tail."""
+    idx, _ = index(capacity=4)
+    idx.routed(A, H[:10])
+    assert len(idx.pending) == 4 and idx.match_depths(H[:10], [A]) == {A: 4}
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="TTL"):
         PendingBlocks(ttl=-1)
