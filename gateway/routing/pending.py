@@ -135,9 +135,11 @@ class PendingBlocks:
 
     def live(self, endpoint: str) -> OrderedDict[bytes, float] | None:
         """The endpoint's unexpired pending hashes (a container to test membership
-        in; keys only), None when it has none."""
-        entry = self._live(endpoint)
-        return entry or None
+        in; keys only), None when it has none (asked for every endpoint of every
+        decision: most have none, and then nothing is built)."""
+        if endpoint not in self._endpoints:
+            return None
+        return self._live(endpoint) or None
 
     def _live(self, endpoint: str) -> OrderedDict[bytes, float]:
         entry = self._endpoints.get(endpoint)
