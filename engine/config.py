@@ -38,6 +38,10 @@ class EngineConfig:
     quantization: str = "auto"          # one of QUANTIZATIONS; auto = GGUF types as stored, float checkpoints as float
     decode_capture: str = "auto"        # one of DECODE_CAPTURES
     decode_capture_sizes: tuple[int, ...] = DEFAULT_DECODE_CAPTURE_SIZES
+    # A structured-outputs constraint that has not compiled within this many seconds fails its
+    # request (a form-sized schema compiles in ~10 ms, the largest accepted one in ~2 s here:
+    # docs/benchmarks.md "Structured outputs").
+    grammar_compile_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -66,5 +70,7 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not isinstance(self.grammar_compile_timeout, (int, float)) or not self.grammar_compile_timeout > 0:
+            raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")

@@ -73,6 +73,9 @@ class LLM:
         try:
             while pending:
                 for delta in self.engine.step_deltas():
+                    if delta.error is not None and delta.request_id in pending:
+                        pending.discard(delta.request_id)
+                        raise ValueError(f"request {delta.request_id}: {delta.error}")
                     if delta.request_id in pending:
                         results[delta.request_id].add(delta)
                         if delta.finished:

@@ -1,6 +1,7 @@
 """LLMEngine: requests in, cumulative RequestOutputs out, one forward pass per step.
 
-    add_request ──> Scheduler.waiting
+    add_request ──> Scheduler.waiting  (a constrained request first waits for its grammar:
+                                        engine/structured/manager.py)
     step():  schedule ──> ModelRunner.execute ──> Scheduler.postprocess ──> outputs
                 (KVCacheManager / BlockPool)         (stop, free)     (text, stop strings)
 
@@ -24,6 +25,7 @@ from pagedkube.engine.outputs import RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler
 from pagedkube.engine.sequence import Sequence, SequenceStatus
+from pagedkube.engine.structured.manager import StructuredOutputManager
 from pagedkube.tokenizer import Tokenizer
 
 
@@ -38,6 +40,10 @@ class EngineStats:
     num_kv_blocks: int
     num_free_blocks: int
     num_captured_steps: int = 0    # cumulative: decode steps run through the captured program (decode_capture.py)
+
+
+# While only grammars are compiling, a step waits this long for one (instead of spinning).
+PARKED_WAIT_S = 0.005
 
 
 class LLMEngine:
@@ -70,6 +76,13 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len, eos_token_ids=eos_ids)
         self._requests: dict[str, RequestState] = {}
+        self.structured = StructuredOutputManager(self._make_grammar_compiler, config.grammar_compile_timeout)
+        self._errors: list[RequestDelta] = []     # requests that failed outside a step (their grammar)
+
+    def _make_grammar_compiler(self):
+        from pagedkube.engine.structured.grammars import GrammarCompiler
+
+        return GrammarCompiler(self.tokenizer.files["tokenizer.json"], self.vocab_size, self.eos_token_ids)
 
     # ---- requests ------------------------------------------------------------------
 
@@ -103,6 +116,9 @@ class LLMEngine:
         if bad_bias:
             raise ValueError(f"logit_bias: token ids must be < {self.vocab_size} (the vocabulary size); "
                              f"got {bad_bias[:5]}")
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise ValueError(f"structured_outputs: model {self.model_name!r} has no tokenizer.json to build a "
+                             "grammar from")
         self.scheduler.check_request(len(token_ids), params)
         return token_ids
 
@@ -118,7 +134,8 @@ class LLMEngine:
         token_ids = self.check_request(prompt, params)
         seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt, group=group)
                 for i in range(params.n)]
-        self.scheduler.add_request(seqs)
+        if params.structured_outputs is None or self.structured.submit(request_id, seqs):
+            self.scheduler.add_request(seqs)
         self._requests[request_id] = RequestState.create(
             request_id, prompt if isinstance(prompt, str) else None, seqs, self.tokenizer)
         return token_ids
@@ -127,6 +144,8 @@ class LLMEngine:
         state = self._requests.pop(request_id, None)
         if state is None:
             return
+        if self.structured.abort(request_id):
+            return                       # parked for its grammar: never reached the scheduler
         for sample in state.samples:
             self.scheduler.finish(sample.seq, SequenceStatus.FINISHED_ABORTED)
 
@@ -138,27 +157,53 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One forward pass; the cumulative outputs of the requests that sampled a token
         (vLLM's LLMEngine.step). O(tokens so far) per request: the server and LLM use
-        step_deltas() instead."""
-        return [state.to_output() for state in self._step()]
+        step_deltas() instead. A request that fails before it runs (its grammar did not
+        compile) ends with a RequestOutput whose outputs are empty and finished is True."""
+        outputs = [state.to_output() for state in self._step()]
+        return outputs + [RequestOutput(e.request_id, None, [], [], True) for e in self._take_errors()]
 
     def step_deltas(self) -> list[RequestDelta]:
-        """One forward pass; what each request that sampled a token added (O(new tokens))."""
-        return [state.to_delta() for state in self._step()]
+        """One forward pass; what each request that sampled a token added (O(new tokens)), and a
+        finished delta with `error` set for each request that failed before it ran."""
+        return [state.to_delta() for state in self._step()] + self._take_errors()
+
+    def _take_errors(self) -> list[RequestDelta]:
+        errors, self._errors = self._errors, []
+        return errors
+
+    def _admit_compiled(self) -> None:
+        """Queue the requests whose grammar compiled; fail those whose grammar did not."""
+        if not self.structured.num_parked:
+            return
+        ready, failed = self.structured.poll()
+        for _, seqs in ready:
+            self.scheduler.add_request(seqs)
+        for request_id, message in failed:
+            del self._requests[request_id]
+            self._errors.append(RequestDelta(request_id, [], True, 0, error=message))
 
     def _step(self) -> list[RequestState]:
+        self._admit_compiled()
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.structured.num_parked and not self.scheduler.has_unfinished():
+                self.structured.wait(PARKED_WAIT_S)    # only grammars compiling: wait a little, not spin
+                return []
             if self._requests:   # the scheduler guarantees progress; never spin silently
                 raise RuntimeError(f"no request could be scheduled ({self.stats()})")
             return []
         now = time.monotonic()
         for item in scheduled:
             self._requests[item.seq.request_id].metrics.setdefault("first_scheduled_time", now)
-        sampled = self.runner.execute(scheduled)
+        sampled = self.runner.execute(scheduled, self.structured)
         updates = self.scheduler.postprocess(scheduled, sampled)
         touched: dict[str, RequestState] = {}
         for update in updates:
-            state = self._requests[update.seq.request_id]
+            seq = update.seq
+            if seq.grammar is not None and not self.structured.accept(seq, update.sample.token_id) \
+                    and not seq.status.finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED)   # the grammar has ended
+            state = self._requests[seq.request_id]
             state.apply(update, self.scheduler)
             touched[state.request_id] = state
         for request_id, state in touched.items():

@@ -33,6 +33,7 @@ from pagedkube.engine.loader import load_model, resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq
+from pagedkube.engine.structured.manager import StructuredOutputManager
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,11 @@ class ModelRunner:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")
         return num_blocks
 
-    def execute(self, batch: list[ScheduledSeq]) -> list[SampleOutput | None]:
+    def execute(self, batch: list[ScheduledSeq], structured: StructuredOutputManager | None = None) \
+            -> list[SampleOutput | None]:
+        """One forward pass; a token for each sequence that samples. `structured` builds the grammar
+        bitmask of the constrained ones, on the CPU while the device runs the forward (CUDA launches
+        are asynchronous), and the sampler applies it."""
         if not batch:
             return []
         step = self.prepare(batch)
@@ -180,8 +185,10 @@ class ModelRunner:
             if hidden is None:                   # not captured, or a step no bucket takes: eager
                 hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             if step.sample_items:
+                seqs = [batch[i].seq for i in step.sample_items]
+                mask = structured.bitmask(seqs) if structured is not None else None
                 logits = self.model.compute_logits(hidden[step.sample_token_index])
-                samples = self.sampler(logits, [batch[i].seq for i in step.sample_items])
+                samples = self.sampler(logits, seqs, mask)
                 for i, sample in zip(step.sample_items, samples):
                     outputs[i] = sample
         return outputs

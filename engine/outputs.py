@@ -48,6 +48,7 @@ class RequestDelta:
     finished: bool                            # every sample has finished
     num_cached_tokens: int
     first_scheduled_time: float | None = None
+    error: str | None = None                  # the request failed before running (e.g. its grammar did not compile)
 
 
 class OutputAccumulator:

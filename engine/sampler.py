@@ -1,8 +1,9 @@
 """Logits -> next tokens for one step: greedy, temperature, min_p, top_k, top_p.
 
 Order of processing (vLLM v1's): raw logprobs; penalties and logit bias
-(penalties.py); min_tokens masks EOS and
-stop_token_ids; greedy rows take the argmax; random rows divide by the
+(penalties.py); the grammar bitmask of constrained rows (engine/structured/);
+min_tokens masks EOS and stop_token_ids (unless the grammar allows nothing
+else); greedy rows take the argmax; random rows divide by the
 temperature, drop tokens under min_p * max prob, keep the top_k, keep the
 smallest set whose probability reaches top_p, then draw.
 
@@ -23,6 +24,7 @@ import torch
 
 from pagedkube.engine.penalties import apply_penalties
 from pagedkube.engine.sequence import SampleOutput, Sequence
+from pagedkube.engine.structured.bitmask import apply_bitmask
 
 
 def request_seed(seed: int, sample_index: int, num_output_tokens: int) -> int:
@@ -36,8 +38,11 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleOutput]:
-        """logits [N, vocab] float32, one row per sequence to sample -> one output per row."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 grammar_mask: tuple[torch.Tensor, list[int]] | None = None) -> list[SampleOutput]:
+        """logits [N, vocab] float32, one row per sequence to sample -> one output per row.
+        grammar_mask: (int32 bitmask [R, words], the R constrained rows), from
+        StructuredOutputManager.bitmask; the other rows are not touched."""
         assert logits.dim() == 2 and logits.shape[0] == len(seqs), (logits.shape, len(seqs))
         logits = logits.float()
         # Reported logprobs are the raw model distribution (log_softmax of the unprocessed
@@ -46,7 +51,9 @@ class Sampler:
         want_logprobs = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         logits = apply_penalties(logits, seqs)
-        logits = self._mask_min_tokens(logits, seqs)
+        if grammar_mask is not None:
+            logits = self._mask_grammar(logits, *grammar_mask)
+        logits = self._mask_min_tokens(logits, seqs, constrained=grammar_mask is not None)
         tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         random = [i for i, s in enumerate(seqs) if not s.params.greedy]
@@ -60,7 +67,17 @@ class Sampler:
             self._fill_logprobs(outputs, raw_logprobs, tokens, seqs, want_logprobs)
         return outputs
 
-    def _mask_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    @staticmethod
+    def _mask_grammar(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """-inf where the grammar disallows, in the constrained rows only (a fresh, contiguous
+        tensor: the step's logits, which nobody else reads, may be masked in place)."""
+        logits = logits.contiguous()
+        device = logits.device
+        apply_bitmask(logits, bitmask.to(device, non_blocking=True),
+                      torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True))
+        return logits
+
+    def _mask_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence], constrained: bool = False) -> torch.Tensor:
         vocab = logits.shape[1]
         rows, cols = [], []
         for i, s in enumerate(seqs):
@@ -72,8 +89,15 @@ class Sampler:
                 rows += [i] * len(ids)
                 cols += ids
         if rows:
-            logits = logits.clone()
-            logits[rows, cols] = float("-inf")
+            masked = logits.clone()
+            masked[rows, cols] = float("-inf")
+            if constrained:   # a grammar that allows only a stop token now wins over min_tokens
+                touched = sorted(set(rows))
+                empty = (masked[touched] == float("-inf")).all(dim=-1).tolist()
+                keep = [r for r, e in zip(touched, empty) if e]
+                if keep:
+                    masked[keep] = logits[keep]
+            return masked
         return logits
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

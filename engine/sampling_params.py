@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedkube.engine.structured.params import StructuredOutputsParams
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -25,6 +27,8 @@ class SamplingParams:
     presence_penalty: float = 0.0     # [-2, 2]; minus this once for every token already in the output
     frequency_penalty: float = 0.0    # [-2, 2]; minus this times the token's count in the output
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit, in [-100, 100]
+    # The output must match this JSON Schema / regex / choice / grammar (engine/structured/).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,6 +77,8 @@ class SamplingParams:
                     raise ValueError(f"logit_bias: token {key!r} -> {value!r}: ids >= 0, biases in [-100, 100]")
                 bias[token_id] = float(value)
             self.logit_bias = bias or None
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams")
 
     @property
     def greedy(self) -> bool:

@@ -1,15 +1,19 @@
 """One sequence being generated: what the scheduler tracks and the runner reads.
 
 The model runner reads only: request_id, token_ids, num_computed_tokens,
-block_table, params, sample_index, num_output_tokens (see ScheduledSeq).
+block_table, params, sample_index, num_output_tokens, grammar (see ScheduledSeq).
 """
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pagedkube.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedkube.engine.structured.grammars import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -61,6 +65,7 @@ class Sequence:
     block_table: BlockTable = field(default_factory=BlockTable)   # the KVCacheManager's to write
     num_computed_tokens: int = 0          # tokens whose KV is in the pool
     num_cached_tokens: int = 0            # prompt tokens served by the prefix cache
+    grammar: GrammarState | None = None   # GrammarState of a constrained request (engine/structured/manager.py)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

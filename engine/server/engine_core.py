@@ -83,8 +83,11 @@ class EngineCore:
             self._fail_all(500, f"engine step failed: {type(exc).__name__}: {exc}")
             return
         self.failures = 0
-        self.msg.deltas.extend(deltas)
         for delta in deltas:
+            if delta.error is not None:     # failed before it ran (its grammar did not compile): the client's 400
+                self.msg.errors.append(RequestError(delta.request_id, 400, delta.error))
+            else:
+                self.msg.deltas.append(delta)
             if delta.finished:
                 self.live.discard(delta.request_id)
 
