@@ -17,6 +17,9 @@ DECODE_CAPTURES = ("auto", "on", "off")
 # sequences a step's per-op cost is spread over the batch, and each CPU bucket compiles for a
 # minute or more on a 2-core machine. At most 8: Dynamo's default recompile_limit.
 DEFAULT_DECODE_CAPTURE_SIZES = (1, 2, 4, 8)
+# Structured outputs (engine/structured/): auto = xgrammar, chosen by measurement over llguidance
+# (docs/benchmarks.md "Structured outputs: backend"); the only one built in for now.
+STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar")
 MAX_DECODE_CAPTURE_SIZES = 8
 
 
@@ -42,6 +45,7 @@ class EngineConfig:
     # request (a form-sized schema compiles in ~10 ms, the largest accepted one in ~2 s here:
     # docs/benchmarks.md "Structured outputs").
     grammar_compile_timeout: float = 10.0
+    structured_outputs_backend: str = "auto"   # one of STRUCTURED_OUTPUTS_BACKENDS
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -70,6 +74,9 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.structured_outputs_backend not in STRUCTURED_OUTPUTS_BACKENDS:
+            raise ValueError(f"structured_outputs_backend must be one of {STRUCTURED_OUTPUTS_BACKENDS}, "
+                             f"got {self.structured_outputs_backend!r}")
         if not isinstance(self.grammar_compile_timeout, (int, float)) or not self.grammar_compile_timeout > 0:
             raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

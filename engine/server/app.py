@@ -31,6 +31,7 @@ from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.tool_parsers import resolve as resolve_tool_parser
 from pagedkube.http_limits import BodyLimits
 from pagedkube.tracing import build_tracing
 
@@ -93,6 +94,10 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         state.feed_waiters = FeedWaiters(asyncio.get_running_loop())
         info.kv_events.subscribe(state.feed_waiters.notify)
         state.info = info
+        state.tool_parser = resolve_tool_parser(config.tool_call_parser,
+                                                info.tokenizer.chat_template if info.tokenizer else None)
+        logger.info("tool-call parser: %s (--tool-call-parser %s)",
+                    state.tool_parser.name if state.tool_parser else "none", config.tool_call_parser)
         logger.info("engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
                     state.model_name, info.max_model_len, info.num_kv_blocks, info.block_size)
         try:

@@ -22,6 +22,9 @@ class ServerConfig:
     body_read_timeout: float = 30.0       # 408 for a body not received in full in this many s (http_limits.py)
     heartbeat_timeout: float = 30.0       # s without word from the engine core before /health fails (core_client.py)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
+    # Parses tool calls out of tool_choice "auto" answers (tool_parsers.py); auto = the one the chat
+    # template's format calls for, none = off (then tool_choice "auto" with tools is a 400, as in vLLM).
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -38,5 +41,8 @@ class ServerConfig:
             raise ValueError("max_body_bytes must be >= 1 and body_read_timeout > 0")
         if not self.heartbeat_timeout > 0:
             raise ValueError(f"heartbeat_timeout must be > 0, got {self.heartbeat_timeout}")
+        from pagedkube.engine.server.tool_parsers import PARSER_NAMES
+        if self.tool_call_parser not in PARSER_NAMES:
+            raise ValueError(f"tool_call_parser must be one of {PARSER_NAMES}, got {self.tool_call_parser!r}")
         if self.drain_timeout < 0:
             raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")

@@ -16,7 +16,7 @@ from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionR
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
 from pagedkube.engine.server.serving import (ClientDisconnected, Generation, Prepared, collect, new_request_id,
-                                             prepare, render_chat, tokenizer_for)
+                                             prepare, render_chat, tokenizer_for, tool_output_parser)
 from pagedkube.engine.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -31,12 +31,13 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bool) -> AsyncIterator[str]:
+async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bool,
+                  updates: AsyncIterator[tuple[int, Any]]) -> AsyncIterator[str]:
     try:
         start = "".join(_sse(fmt.chunk([choice], None, include_usage)) for choice in fmt.stream_start())
         if start:
             yield start
-        async with contextlib.aclosing(gen.updates()) as updates:
+        async with contextlib.aclosing(updates):
             async for prompt_idx, out in updates:
                 # One chunk per choice (clients read choices[0]), one write per update.
                 events = "".join(_sse(fmt.chunk([choice], fmt.usage() if continuous else None, include_usage))
@@ -59,13 +60,42 @@ async def _respond(request: Request, gen: Generation, fmt: Any, body: Any) -> Re
     if body.stream:
         async def close() -> None:  # async: runs on the event loop, not in a worker thread
             gen.close()
-        return StreamingResponse(_stream(gen, fmt, body.include_usage, body.continuous_usage),
+        updates = gen.updates()
+        if gen.prepared.params.structured_outputs is not None:
+            updates = await _first_update_before_headers(gen, updates)
+        return StreamingResponse(_stream(gen, fmt, body.include_usage, body.continuous_usage, updates),
                                  media_type="text/event-stream", background=BackgroundTask(close))
     try:
         outs = await collect(gen, request)
     except ClientDisconnected:
         return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
     return JSONResponse(fmt.final(outs))
+
+
+async def _first_update_before_headers(gen: Generation, updates: AsyncIterator[tuple[int, Any]]) \
+        -> AsyncIterator[tuple[int, Any]]:
+    """A constrained request can still fail before it runs (its grammar did not compile in
+    time): wait for its first update, so that failure is a 400 rather than an error event after
+    a 200. Returns the updates with the first one put back in front."""
+    try:
+        first = await anext(updates)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await updates.aclose()
+        gen.close()
+        raise
+
+    async def chained() -> AsyncIterator[tuple[int, Any]]:
+        try:
+            if first is not None:
+                yield first
+                async for item in updates:
+                    yield item
+        finally:
+            await updates.aclose()
+
+    return chained()
 
 
 async def _checked_and_prepared(request: Request, body: CompletionRequest | ChatCompletionRequest) \
@@ -96,7 +126,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     last = body.messages[-1].to_template()
     echo = last["content"] if body.echo and last["role"] == "assistant" else ""
     fmt = ChatFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top,
-                        echo=echo)
+                        echo=echo, tool_parser=tool_output_parser(state, body))
     return await _respond(request, Generation(state, request_id, prepared), fmt, body)
 
 
@@ -134,7 +164,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     tokenizer = tokenizer_for(state, "messages" if isinstance(body, TokenizeChatRequest) else "prompt")
     if isinstance(body, TokenizeChatRequest):
         text = render_chat(state, [m.to_template() for m in body.messages], body.add_generation_prompt,
-                           body.chat_template_kwargs)
+                           body.template_kwargs())
     else:
         text = body.prompt
     tokens = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)

@@ -7,7 +7,9 @@ Three kinds of fields (the table is in docs/server.md "Request fields"):
 - accepted and ignored: fields that change nothing we compute, or that only
   vLLM/SGLang features read (`user`, `priority`, `include_reasoning`, ...);
 - rejected with a 400 naming the field, only when given a value we cannot
-  honour (`use_beam_search: true`, `tools`, a JSON response_format, ...).
+  honour (`use_beam_search: true`, `prompt_logprobs`, ...).
+Structured outputs (response_format, structured_outputs, guided_*) become one
+constraint in constraints.py; tools and tool_choice are described in tools.py.
 Fields nobody declared are ignored and reported by `unknown_fields()`; the
 server logs one warning per field name, as vLLM does, so routers and SDKs
 built for vLLM (which add their own fields) work unchanged (PITFALLS.md).
@@ -18,7 +20,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from pagedkube.chat_messages import template_kwargs as _chat_template_kwargs
+from pagedkube.chat_messages import template_message
 from pagedkube.engine.server.errors import bad_request
+from pagedkube.engine.server.tools import ToolCall, ToolChoice, ToolDefinition, check_tools
 
 # Bounds: seeds are int64 (what torch generators accept, as vLLM bounds them);
 # n and logprobs are capped so one request cannot ask for unbounded work.
@@ -52,6 +57,34 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False          # vLLM: usage on every chunk
 
 
+class JSONSchemaFormat(_Body):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputsBody(_Body):
+    """vLLM's `structured_outputs` request field (one of json, regex, choice, grammar, json_object)."""
+    json: Any = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: Any = None                  # rejected (constraints.py)
+    disable_any_whitespace: bool = False
+    # Accepted and ignored: they tune other backends (outlines, guidance) or fallbacks we do not have.
+    disable_fallback: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+
 class _SamplingFields(_Body):
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -75,6 +108,13 @@ class _SamplingFields(_Body):
     repetition_penalty: Finite | None = Field(None, gt=0)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)   # keep the last k prompt tokens (-1: max_model_len)
+    # Structured outputs (constraints.py): OpenAI's, vLLM's, and vLLM's older guided_* names.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     no_stop_trim: bool = False                  # SGLang's name for include_stop_str_in_output
     add_special_tokens: bool | None = None      # None: True for completions, False for chat (vLLM's defaults)
     # Accepted at their defaults only (check_supported).
@@ -82,11 +122,6 @@ class _SamplingFields(_Body):
     prompt_logprobs: int | None = None
     allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    structured_outputs: dict[str, Any] | None = None
     logits_processors: list[Any] | None = None
     return_tokens_as_token_ids: bool | None = None
     # Accepted and ignored: they change nothing about the answer here.
@@ -107,11 +142,6 @@ class _SamplingFields(_Body):
                     "prompt_logprobs": (self.prompt_logprobs is not None, "prompt logprobs"),
                     "allowed_token_ids": (self.allowed_token_ids is not None, "allowed_token_ids"),
                     "bad_words": (bool(self.bad_words), "bad_words"),
-                    "guided_json": (self.guided_json is not None, "guided decoding"),
-                    "guided_regex": (self.guided_regex is not None, "guided decoding"),
-                    "guided_choice": (self.guided_choice is not None, "guided decoding"),
-                    "guided_grammar": (self.guided_grammar is not None, "guided decoding"),
-                    "structured_outputs": (bool(self.structured_outputs), "structured outputs"),
                     "logits_processors": (bool(self.logits_processors), "custom logits processors"),
                     "return_tokens_as_token_ids": (bool(self.return_tokens_as_token_ids),
                                                    "return_tokens_as_token_ids")}
@@ -174,34 +204,33 @@ class CompletionRequest(_SamplingFields):
         return list(p)
 
 
+def template_kwargs(chat_template_kwargs: dict[str, Any] | None,
+                    tools: list[ToolDefinition] | None) -> dict[str, Any]:
+    """The template's variables besides messages: chat_template_kwargs, and `tools` as the client
+    sent them (pagedkube/chat_messages.py.template_kwargs does the same with the raw body)."""
+    return _chat_template_kwargs({"chat_template_kwargs": chat_template_kwargs,
+                                  "tools": [t.model_dump(exclude_unset=True) for t in tools or []]})
+
+
 class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None    # an assistant's calls, replayed in the history
+    tool_call_id: str | None = None             # a tool's answer: the call it answers
     # Accepted and ignored: reasoning text a client sends back (vLLM/SGLang), refusals.
     reasoning_content: str | None = None
     refusal: str | None = None
 
     def to_template(self) -> dict[str, Any]:
-        """The dict a Hugging Face chat template expects (text parts joined, as vLLM does)."""
-        content = self.content
-        if isinstance(content, list):
-            content = "\n".join(part.text for part in content)
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                                   "content": content if content is not None else ""}
-        if self.name is not None:
-            message["name"] = self.name
-        return message
-
-
-class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+        """The dict a Hugging Face chat template expects (pagedkube/chat_messages.py, which
+        the gateway's routing render shares)."""
+        return template_message(self.model_dump(exclude_unset=True))
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -214,14 +243,13 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False        # the reply continues the last (assistant) message
     echo: bool = False                          # the reply starts with the last message, if it is the assistant's
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None       # None: "auto" with tools, "none" without (OpenAI's default)
+    parallel_tool_calls: bool | None = None     # False: at most one call (enforced for `required`)
     # Accepted at their defaults only.
     chat_template: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: ResponseFormat | None = None
     modalities: list[str] | None = None
     # Accepted and ignored.
-    parallel_tool_calls: bool | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -243,12 +271,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self.chat_template is not None:
             raise bad_request("chat_template: a per-request chat template is not supported by this server",
                               "chat_template")
-        if self.tools:
-            raise bad_request("tools are not supported by this server", "tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise bad_request("tool_choice is not supported by this server", "tool_choice")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request("response_format: only {'type': 'text'} is supported", "response_format")
+        check_tools(self.tools, self.tool_choice)
         if self.modalities not in (None, ["text"]):
             raise bad_request("modalities: only ['text'] is supported", "modalities")
         if self.top_logprobs is not None and not self.logprobs:
@@ -269,6 +292,15 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.to_template() for m in self.messages]
 
+    def template_kwargs(self) -> dict[str, Any]:
+        return template_kwargs(self.chat_template_kwargs, self.tools)
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
 
 class TokenizeCompletionRequest(_Body):
     model: str | None = None
@@ -284,6 +316,10 @@ class TokenizeChatRequest(_Body):
     add_special_tokens: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return template_kwargs(self.chat_template_kwargs, self.tools)
 
 
 def _tokenize_kind(body: Any) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 
 from pagedkube.engine.outputs import RequestDelta
 from pagedkube.engine.server.serving import Prepared
+from pagedkube.engine.server.tool_parsers import ToolParser
+from pagedkube.engine.server.tool_stream import ToolCallStream, finish_reason, tool_message
 
 
 @dataclass
@@ -76,7 +78,9 @@ class _Formatter:
             logprobs, choice.offset = self.logprobs(sample.token_ids, sample.logprobs, choice.offset)
             choice.finished = sample.finish_reason is not None
             if sample.text or logprobs is not None or choice.finished:  # no empty chunks (held-back text)
-                choices.append(self.delta_choice(index, sample.text, logprobs, sample))
+                built = self.delta_choice(index, sample.text, logprobs, sample)
+                if built is not None:
+                    choices.append(built)
         return choices
 
     def final(self, outs: dict[int, Any]) -> dict:
@@ -99,7 +103,8 @@ class _Formatter:
         the text offset after them."""
         raise NotImplementedError
 
-    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict:
+    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict | None:
+        """A stream chunk's choice, or None when it would carry nothing."""
         raise NotImplementedError
 
     def final_choice(self, index: int, prompt_idx: int, completion: Any, logprobs: dict | None) -> dict:
@@ -152,10 +157,13 @@ class ChatFormatter(_Formatter):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args: Any, top_logprobs: int | None, echo: str = "", **kwargs: Any):
+    def __init__(self, *args: Any, top_logprobs: int | None, echo: str = "",
+                 tool_parser: ToolParser | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.top_logprobs = top_logprobs   # None = logprobs off
         self.echo = echo                   # vLLM's chat echo: the last assistant message, repeated first
+        self.tool_parser = tool_parser     # reads tool calls out of the answer (tool_stream.py); None = plain text
+        self.tool_streams: dict[int, ToolCallStream] = {}
 
     def stream_start(self) -> list[dict]:
         return [{"index": j, "delta": {"role": "assistant", "content": self.echo}, "logprobs": None,
@@ -177,11 +185,24 @@ class ChatFormatter(_Formatter):
             content.append(item)
         return {"content": content}, offset
 
-    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict:
-        return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                "finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason}
+    def delta_choice(self, index: int, text: str, logprobs: dict | None, sample: Any) -> dict | None:
+        finish = sample.finish_reason
+        if self.tool_parser is None:
+            delta = {"content": text} if text else {}
+        else:
+            stream = self.tool_streams.setdefault(index, ToolCallStream(self.tool_parser))
+            delta = stream.feed(text, final=finish is not None)
+            finish = finish_reason(finish, stream.made_calls)
+            if not delta and logprobs is None and finish is None:
+                return None
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                "stop_reason": sample.stop_reason}
 
     def final_choice(self, index: int, prompt_idx: int, completion: Any, logprobs: dict | None) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": self.echo + completion.text},
-                "logprobs": logprobs, "finish_reason": completion.finish_reason,
+        message: dict[str, Any] = {"role": "assistant", "content": self.echo + completion.text}
+        finish = completion.finish_reason
+        if self.tool_parser is not None:
+            message, made_calls = tool_message(self.tool_parser, self.echo + completion.text)
+            finish = finish_reason(finish, made_calls)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                 "stop_reason": completion.stop_reason}

@@ -24,11 +24,14 @@ from fastapi import Request
 from pagedkube.engine.admission import AdmissionError, AdmissionLimits, allowed_max_tokens
 from pagedkube.engine.outputs import OutputAccumulator, RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.engine.server import constraints
 from pagedkube.engine.server.core_messages import NewRequest
 from pagedkube.engine.server.errors import APIError, bad_request
 from pagedkube.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedkube.engine.server.state import ServerState
 from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+from pagedkube.engine.server.tool_parsers import NamedParser, RequiredParser, ToolParser
+from pagedkube.engine.structured.params import StructuredOutputsParams
 from pagedkube.tokenizer import RELEASE_GIL_CHARS
 
 logger = logging.getLogger("pagedkube.serve")
@@ -47,6 +50,7 @@ class Prepared:
     prompt_texts: list[str]
     params: SamplingParams
     cache_salt: str | None
+    constraint_field: str | None = None     # the request field params.structured_outputs came from
 
     @property
     def num_seqs(self) -> int:
@@ -86,7 +90,9 @@ def _check_request_size(state: ServerState, prepared: Prepared, prompt_field: st
 
 
 def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletionRequest,
-                     max_tokens: int, logprobs: int | None) -> SamplingParams:
+                     max_tokens: int, logprobs: int | None,
+                     constraint: StructuredOutputsParams | None = None,
+                     skip_special_tokens: bool | None = None) -> SamplingParams:
     temperature = 1.0 if req.temperature is None else req.temperature
     if temperature < MIN_TEMPERATURE:
         temperature = 0.0
@@ -100,7 +106,8 @@ def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletion
             top_k=top_k, min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop,
             stop_token_ids=req.stop_token_ids, max_tokens=max_tokens, min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos, logprobs=logprobs, include_stop_str_in_output=req.keep_stop_str,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
+            structured_outputs=constraint,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             logit_bias=_logit_bias(state, req.logit_bias))
@@ -166,10 +173,19 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
     if min(len(ids) for ids in prompt_ids) == 0:
         raise bad_request("prompt must not be empty (it has 0 tokens)", "prompt")
     max_tokens = _max_tokens(state, longest, req.max_tokens, "max_tokens", "prompt")
-    prepared = Prepared(prompt_ids, prompt_texts, _sampling_params(state, req, max_tokens, req.logprobs),
-                        req.cache_salt)
+    constraint, field = _constraint(req)
+    prepared = Prepared(prompt_ids, prompt_texts, _sampling_params(state, req, max_tokens, req.logprobs, constraint),
+                        req.cache_salt, field)
     _check_request_size(state, prepared, "prompt")
     return prepared
+
+
+def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutputsParams | None, str | None]:
+    """The request's output constraint, parsed (a 400 naming its field if it cannot be honoured)."""
+    constraint, field = constraints.request_constraint(req)
+    if constraint is not None:
+        constraints.check(constraint, field)
+    return constraint, field
 
 
 def render_chat(state: ServerState, messages: list[dict], add_generation_prompt: bool,
@@ -197,7 +213,7 @@ def _cut_after_final_message(text: str, final: str) -> str:
 
 
 def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = True) -> Prepared:
-    text = render_chat(state, req.template_messages(), req.generation_prompt, req.chat_template_kwargs,
+    text = render_chat(state, req.template_messages(), req.generation_prompt, req.template_kwargs(),
                        req.continue_final_message)
     if req.add_special_tokens or not inline:
         # The piece cache (CachedEncoder) is the event loop's alone; a worker encodes directly
@@ -209,9 +225,40 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = 
     requested, field = req.requested_max_tokens
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    prepared = Prepared([ids], [text], _sampling_params(state, req, max_tokens, logprobs), req.cache_salt)
+    constraint, field = _constraint(req)
+    # Tool-call markers ([TOOL_CALLS], <|python_tag|>) are special tokens the parser must see.
+    keep_special = False if tool_output_parser(state, req) is not None and constraint is None else None
+    prepared = Prepared([ids], [text], _sampling_params(state, req, max_tokens, logprobs, constraint, keep_special),
+                        req.cache_salt, field)
     _check_request_size(state, prepared, "messages")
     return prepared
+
+
+def tool_output_parser(state: ServerState, req: ChatCompletionRequest) -> ToolParser | None:
+    """How a chat's answer is read for tool calls (tools.py's table); a 400 when tool_choice is
+    "auto" and no parser is configured or detected."""
+    if not req.tools:
+        return None
+    choice = req.effective_tool_choice
+    if choice == "none":
+        return None
+    if choice == "required":
+        return RequiredParser()
+    if choice != "auto":
+        return NamedParser(choice.function.name)
+    if state.tool_parser is None:
+        raise bad_request("tool_choice: \"auto\" needs a tool-call parser: this model's chat template shows no "
+                          "known tool-call format; start the server with --tool-call-parser "
+                          "hermes|llama3_json|mistral, or send tool_choice \"required\", a named function or \"none\"",
+                          "tool_choice")
+    return state.tool_parser
+
+
+def _constraint_size(req: CompletionRequest | ChatCompletionRequest) -> int:
+    """A rough size of what parsing the request's constraint reads (big schemas parse off the loop)."""
+    fields = (req.response_format, req.structured_outputs, req.guided_json, req.guided_regex, req.guided_grammar,
+              req.guided_choice, getattr(req, "tools", None))
+    return sum(len(repr(f)) for f in fields if f is not None)
 
 
 def _text_size(req: CompletionRequest | ChatCompletionRequest) -> int:
@@ -227,7 +274,7 @@ async def prepare(state: ServerState, req: CompletionRequest | ChatCompletionReq
     """prepare_completion / prepare_chat inline for ordinary prompts; for a huge one in the
     server's worker pool (bounded: its few threads queue the rest), so the event loop keeps serving."""
     chat = isinstance(req, ChatCompletionRequest)
-    size = _text_size(req)
+    size = _text_size(req) + _constraint_size(req)
     if size <= INLINE_PREPARE_CHARS:
         return prepare_chat(state, req) if chat else prepare_completion(state, req)
     logger.info("a prompt of %d characters: tokenizing it in a worker thread", size)
@@ -273,7 +320,7 @@ class Generation:
             for item in await self._stream.get():
                 if isinstance(item, StreamError):
                     self._pending.discard(item.request_id)
-                    raise item.error
+                    raise constraints.with_field(item.error, self.prepared.constraint_field)
                 if isinstance(item, StreamAborted):
                     self._pending.discard(item.request_id)
                     raise APIError(503, "the request was aborted: the server is shutting down",

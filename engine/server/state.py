@@ -30,6 +30,7 @@ class ServerState:
     exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
     stop_server: Any = None                 # set by the HTTP server (draining.py): stops it
     workers: Any = None                     # concurrent.futures executor for huge prompts (serving.prepare)
+    tool_parser: Any = None                 # ToolParser for tool_choice "auto" (tool_parsers.py), set with info
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
     _warned_fields: set[str] = field(default_factory=set, repr=False)
 

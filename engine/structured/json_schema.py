@@ -18,6 +18,11 @@ keyword, the schema is rewritten before it is compiled (xgrammar 0.2.9):
 - an optional group in a pattern, `(x[0-9]+)?`, also matches its tail alone ("81"):
   it is written `(x[0-9]+|)`, which matches the same strings.
 
+And one rewrite that narrows what is generated without leaving the schema: an
+integer or number without a bound gets |value| < 10^15 (exact in JavaScript's
+doubles; xgrammar then also writes at most 6 fraction digits), because an
+unbounded one lets a sampled model write digits until max_tokens runs out.
+
 Both lists come from the validity test (tests/engine/test_structured_validity.py),
 which samples many schemas at temperature 1 and validates every output with
 `jsonschema` and its format checker: a keyword wrongly left out fails it.
@@ -50,6 +55,7 @@ FORMAT_PATTERNS = {
 }
 # What a JSON string may hold without an escape: no control character, quote or backslash.
 _PLAIN_CHAR = r'[^\x00-\x1f"\\]'
+NUMBER_LIMIT = 10 ** 15 - 1
 
 # Keywords whose value is a map of subschemas (each value is a schema, the keys are names).
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
@@ -85,9 +91,20 @@ def fix_optional_groups(pattern: str) -> str:
     return "".join(out)
 
 
-def _is_string(schema: dict) -> bool:
+def _is_type(schema: dict, *names: str) -> bool:
     kind = schema.get("type")
-    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+    return kind in names or (isinstance(kind, list) and any(n in kind for n in names))
+
+
+def _bound_number(schema: dict) -> dict:
+    if "enum" in schema or "const" in schema:
+        return schema
+    out = dict(schema)
+    if "minimum" not in schema and "exclusiveMinimum" not in schema:
+        out["minimum"] = -NUMBER_LIMIT
+    if "maximum" not in schema and "exclusiveMaximum" not in schema:
+        out["maximum"] = NUMBER_LIMIT
+    return out
 
 
 def _rewrite_string(schema: dict, path: str, problems: list[str]) -> dict:
@@ -132,8 +149,10 @@ def _walk(schema: Any, path: str, problems: list[str]) -> Any:
     for key in _SCHEMAS:
         if key in schema:
             out[key] = _walk(schema[key], f"{path}/{key}", problems)
-    if _is_string(out):
+    if _is_type(out, "string"):
         out = _rewrite_string(out, path, problems)
+    if _is_type(out, "integer", "number"):
+        out = _bound_number(out)
     if isinstance(out.get("pattern"), str):
         out["pattern"] = fix_optional_groups(out["pattern"])
     return out

@@ -102,7 +102,7 @@ def test_no_stop_trim_keeps_the_stop_string(http):
 
 
 @pytest.mark.parametrize("field, value", [("use_beam_search", True), ("prompt_logprobs", 1),
-                                          ("guided_json", {"type": "object"}), ("bad_words", ["x"]),
+                                          ("guided_json", {"type": "array", "uniqueItems": True}), ("bad_words", ["x"]),
                                           ("chat_template", "{{ messages }}")])
 def test_fields_we_cannot_honour_are_400(http, field, value):
     r = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2, field: value})
