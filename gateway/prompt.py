@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any
 
 from pagedkube import hashing
+from pagedkube.chat_messages import content_text, template_kwargs, template_messages
 from pagedkube.gateway.routing import keys
 from pagedkube.gateway.routing.types import RoutingInput
 from pagedkube.piece_cache import CachedEncoder
@@ -47,32 +47,6 @@ _CHARS_PER_TOKEN_BOUND = 16
 _HEAD_MARGIN_TOKENS = 64
 
 
-def _content_text(content: Any) -> str:
-    """A message's content as one string: a list of parts becomes its text parts
-    joined by newlines (as vLLM does for string-format templates)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
-
-
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as the engine server hands them to the template
-    (engine/server/protocol.py ChatMessage.to_template): developer -> system,
-    text parts joined, None content -> "", only role, content and name."""
-    out = []
-    for m in messages:
-        role = m.get("role")
-        msg = {"role": "system" if role == "developer" else role, "content": _content_text(m.get("content"))}
-        if m.get("name") is not None:
-            msg["name"] = m["name"]
-        out.append(msg)
-    return out
-
-
 def raw_text(kind: str, body: dict) -> str:
     """The prompt's text without a tokenizer (fallback key): for chat, the turns
     up to the first user message, so it is stable across a session's turns."""
@@ -81,7 +55,7 @@ def raw_text(kind: str, body: dict) -> str:
         for m in body.get("messages") or []:
             if not isinstance(m, dict):
                 continue
-            lines.append(f"{m.get('role')}: {_content_text(m.get('content'))}")
+            lines.append(f"{m.get('role')}: {content_text(m.get('content'))}")
             if m.get("role") == "user":
                 break
         return "\n".join(lines)
@@ -138,7 +112,7 @@ class PromptHasher:
         assert tok is not None
         if kind == "chat":
             messages = template_messages(body["messages"])
-            kwargs = dict(body.get("chat_template_kwargs") or {})
+            kwargs = template_kwargs(body)     # chat_template_kwargs and tools, as the engine renders them
             add_generation_prompt = body.get("add_generation_prompt", True)
             token_ids = tok.encode_chat(messages, add_generation_prompt=add_generation_prompt, **kwargs)
             first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
@@ -158,7 +132,7 @@ class PromptHasher:
     def _head_ids(self, head: list[dict], kwargs: dict, cached: bool = True) -> list[int]:
         if not cached:
             return self._encode_head(self.tokenizer, head, kwargs)
-        key = (tuple((m["role"], m["content"], m.get("name")) for m in head),
+        key = (json.dumps(head, sort_keys=True, default=str),
                json.dumps(kwargs, sort_keys=True, default=str) if kwargs else "")
         ids = self._heads.get(key)
         if ids is not None:

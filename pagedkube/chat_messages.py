@@ -43,14 +43,17 @@ def _arguments(value: Any) -> Any:
 
 
 def _tool_call(call: Any) -> Any:
+    """id, type and function (name, arguments decoded), in that order whatever the client's."""
     if not isinstance(call, dict):
         return call
+    out = {key: call[key] for key in ("id", "type") if call.get(key) is not None}
     function = call.get("function")
-    out = {key: value for key, value in call.items() if key in ("id", "type", "function")}
     if isinstance(function, dict):
-        out["function"] = {key: value for key, value in function.items() if key in ("name", "arguments")}
+        out["function"] = {key: function[key] for key in ("name",) if key in function}
         if "arguments" in function:
             out["function"]["arguments"] = _arguments(function["arguments"])
+    elif function is not None:
+        out["function"] = function
     return out
 
 

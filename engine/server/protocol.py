@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
 from pagedkube.chat_messages import template_kwargs as _chat_template_kwargs
 from pagedkube.chat_messages import template_message
@@ -205,11 +205,22 @@ class CompletionRequest(_SamplingFields):
 
 
 def template_kwargs(chat_template_kwargs: dict[str, Any] | None,
-                    tools: list[ToolDefinition] | None) -> dict[str, Any]:
+                    tools: list[dict[str, Any]] | None) -> dict[str, Any]:
     """The template's variables besides messages: chat_template_kwargs, and `tools` as the client
-    sent them (pagedkube/chat_messages.py.template_kwargs does the same with the raw body)."""
-    return _chat_template_kwargs({"chat_template_kwargs": chat_template_kwargs,
-                                  "tools": [t.model_dump(exclude_unset=True) for t in tools or []]})
+    sent them (pagedkube/chat_messages.py, which the gateway calls with the raw body)."""
+    return _chat_template_kwargs({"chat_template_kwargs": chat_template_kwargs, "tools": tools})
+
+
+def _checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """`tools` checked against OpenAI's shape, kept as written (ValueError names the tool)."""
+    for i, tool in enumerate(tools or []):
+        try:
+            ToolDefinition.model_validate(tool)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"[{i}].{where}: {first['msg']}") from None
+    return tools
 
 
 class TextPart(_Body):
@@ -243,7 +254,9 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False        # the reply continues the last (assistant) message
     echo: bool = False                          # the reply starts with the last message, if it is the assistant's
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ToolDefinition] | None = None
+    # The tools as the client wrote them (their key order is what the template renders, here and
+    # in the gateway's routing render); checked against ToolDefinition, read through tool_definitions.
+    tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None       # None: "auto" with tools, "none" without (OpenAI's default)
     parallel_tool_calls: bool | None = None     # False: at most one call (enforced for `required`)
     # Accepted at their defaults only.
@@ -271,7 +284,7 @@ class ChatCompletionRequest(_SamplingFields):
         if self.chat_template is not None:
             raise bad_request("chat_template: a per-request chat template is not supported by this server",
                               "chat_template")
-        check_tools(self.tools, self.tool_choice)
+        check_tools(self.tool_definitions, self.tool_choice)
         if self.modalities not in (None, ["text"]):
             raise bad_request("modalities: only ['text'] is supported", "modalities")
         if self.top_logprobs is not None and not self.logprobs:
@@ -295,6 +308,12 @@ class ChatCompletionRequest(_SamplingFields):
     def template_kwargs(self) -> dict[str, Any]:
         return template_kwargs(self.chat_template_kwargs, self.tools)
 
+    _check_tools = field_validator("tools")(lambda cls, v: _checked_tools(v))
+
+    @property
+    def tool_definitions(self) -> list[ToolDefinition] | None:
+        return None if self.tools is None else [ToolDefinition.model_validate(t) for t in self.tools]
+
     @property
     def effective_tool_choice(self) -> ToolChoice:
         if self.tool_choice is not None:
@@ -316,7 +335,9 @@ class TokenizeChatRequest(_Body):
     add_special_tokens: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ToolDefinition] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    _check_tools = field_validator("tools")(lambda cls, v: _checked_tools(v))
 
     def template_kwargs(self) -> dict[str, Any]:
         return template_kwargs(self.chat_template_kwargs, self.tools)
