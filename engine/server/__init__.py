@@ -10,6 +10,10 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     streams.py        per-request output streams (on the event loop)
     protocol.py       request bodies (pydantic; vLLM's extension fields, unknown ones ignored)
     serving.py        tokenize, validate, submit, collect; abort on disconnect
+    constraints.py    response_format / structured_outputs / guided_* -> one checked constraint
+    tools.py          tools and tool_choice (OpenAI's shapes); what required/named constrain
+    tool_parsers.py   tool calls out of a model's text (hermes, llama3_json, mistral; torch-free)
+    tool_stream.py    tool calls as OpenAI's message and delta.tool_calls stream chunks
     responses.py      OpenAI response and stream-chunk shapes
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize
     cache_feed.py     /v1/cache/config, /v1/cache/events, /v1/cache/tokenizer

@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from pagedkube.engine.config import (DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS,
+                                     EngineConfig)
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.model_source import MODEL_FLAG_HELP
 from pagedkube.observability import add_observability_args, observability_from_args
@@ -63,6 +64,25 @@ def add_decode_capture_args(p: argparse.ArgumentParser) -> None:
                         f"{','.join(map(str, _engine('decode_capture_sizes')))}); bigger decode batches run eager")
 
 
+def add_structured_outputs_args(p: argparse.ArgumentParser) -> None:
+    """Structured outputs and tool calling (serve and up): docs/server.md "Structured outputs"."""
+    from pagedkube.engine.server.tool_parsers import PARSER_NAMES
+
+    p.add_argument("--tool-call-parser", default=_server("tool_call_parser"), choices=PARSER_NAMES,
+                   help="reads tool calls out of tool_choice=auto answers: hermes (Qwen2.5/Qwen3), llama3_json, "
+                        "mistral; auto = the one the chat template's format calls for; none = off "
+                        f"(default {_server('tool_call_parser')})")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM compatibility: tool_choice=auto is on whenever a parser is set or detected")
+    p.add_argument("--structured-outputs-backend", default=_engine("structured_outputs_backend"),
+                   choices=STRUCTURED_OUTPUTS_BACKENDS,
+                   help="grammar library for response_format / structured_outputs / guided_* and forced tool "
+                        f"calls: auto = xgrammar (default {_engine('structured_outputs_backend')})")
+    p.add_argument("--grammar-compile-timeout", type=float, default=_engine("grammar_compile_timeout"),
+                   help="seconds a constraint may take to compile before its request fails with 400 "
+                        f"(default {_engine('grammar_compile_timeout'):g})")
+
+
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
@@ -103,6 +123,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=_server("drain_timeout"),
                    help=f"seconds in-flight requests may run after SIGTERM (default {_server('drain_timeout'):g})")
     p.add_argument("--seed", type=int, default=_engine("seed"))
+    add_structured_outputs_args(p)
     p.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
     p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
@@ -119,14 +140,16 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
-        decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes)
+        decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
+        structured_outputs_backend=args.structured_outputs_backend,
+        grammar_compile_timeout=args.grammar_compile_timeout)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
-                        observability=observability_from_args(args))
+                        observability=observability_from_args(args), tool_call_parser=args.tool_call_parser)
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ from pagedkube.access_log import ACCESS_LOG_FORMATS
 from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.defaults import default_of
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
-from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS
+from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS
+from pagedkube.engine.server.tool_parsers import PARSER_NAMES
 from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 from pagedkube.model_source import MODEL_FLAG_HELP
@@ -31,6 +32,9 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--max-waiting", dict(type=int)),
     ("--drain-timeout", dict(type=float)),
     ("--seed", dict(type=int)),
+    ("--tool-call-parser", dict(choices=PARSER_NAMES, help="hermes, llama3_json, mistral, auto (default) or none")),
+    ("--structured-outputs-backend", dict(choices=STRUCTURED_OUTPUTS_BACKENDS)),
+    ("--grammar-compile-timeout", dict(type=float)),
     # The gateway in this process takes these two as well (docs/observability.md).
     ("--access-log", dict(choices=ACCESS_LOG_FORMATS, help="text (default), json or off, for every process")),
     ("--otlp-traces-endpoint", dict(metavar="URL", help="OTLP/HTTP collector for every process's spans")),
