@@ -228,7 +228,7 @@ class NamedParser:
         self.function = function
 
     def parse(self, text: str, final: bool) -> ToolParse:
-        return ToolParse("", [ParsedCall(self.function, text, final)])
+        return ToolParse("", [ParsedCall(self.function, text, bool(text) and json_value_end(text, 0) == len(text))])
 
 
 PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}

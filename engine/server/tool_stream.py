@@ -59,11 +59,12 @@ class ToolCallStream:
 
 
 def tool_message(parser: ToolParser, text: str) -> tuple[dict[str, Any], bool]:
-    """(the assistant message of a whole answer, whether it holds tool calls)."""
+    """(the assistant message of a whole answer, whether it holds tool calls). A call cut off by
+    max_tokens (its arguments unfinished) is left out: every call returned is whole."""
     parsed: ToolParse = parser.parse(text, final=True)
     calls = [{"id": new_tool_call_id(), "type": "function",
               "function": {"name": call.name, "arguments": call.arguments}}
-             for call in parsed.calls if call.name is not None]
+             for call in parsed.calls if call.name is not None and call.complete]
     if not calls:
         return {"role": "assistant", "content": text}, False
     content = parsed.content.strip()

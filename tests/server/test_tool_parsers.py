@@ -101,6 +101,14 @@ def test_constrained_outputs_parse_as_they_grow():
     assert NamedParser("f").parse('{"k": 1}', final=True).calls[0].arguments == '{"k": 1}'
 
 
+def test_a_call_cut_off_by_max_tokens_is_not_returned():
+    text = '[{"name": "a", "parameters": {"x": 1}}, {"name": "b", "parameters": {"y": '
+    message, made = tool_message(RequiredParser(), text)
+    assert made and [c["function"]["name"] for c in message["tool_calls"]] == ["a"]
+    assert tool_message(NamedParser("f"), '{"k": "unfini') == ({"role": "assistant", "content": '{"k": "unfini'}, False)
+    assert tool_message(NamedParser("f"), '{"k": 1}')[1]
+
+
 def test_the_chat_template_names_its_parser():
     qwen = (Path(__file__).resolve().parents[1] / "data" / "chat_templates" / "qwen2.5.jinja").read_text()
     assert detect(qwen) == "hermes" and resolve("auto", qwen).name == "hermes"
