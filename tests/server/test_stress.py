@@ -4,15 +4,21 @@ buckets 1 and 8, so the storm's decode steps run captured, padded and eager by b
 
 The load that wedged the engine (issue 14, PITFALLS "A pipe under uvloop"): a
 mix of completions and chats, n up to 8, logprobs up to 5, streamed and not,
-with one client in ten leaving mid-stream. Every request that was not
-abandoned must get a 200 with exactly the choices it asked for; afterwards the
-server is healthy, serves a new request, and the KV pool is empty again.
+with one client in ten leaving mid-stream, and 30% of the requests constrained
+(JSON Schemas of their own, regexes, choices, forced tool calls), so grammars
+compile while the engine steps and constrained rows share steps with free ones.
+Every request that was not abandoned must get a 200 with exactly the choices it
+asked for, each constrained one that stopped valid; afterwards the server is
+healthy, serves a new request, and the KV pool is empty again.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import re
+
+import jsonschema
 
 import httpx
 import pytest
@@ -22,6 +28,43 @@ from .conftest import ServerProcess, metric_value, wait_until
 
 NUM_CLIENTS = 512
 MAX_TOKENS = 8
+CONSTRAINED_SHARE = 0.3
+REGEX = r"[A-Z][a-z]{1,6} (sits|runs)"
+CHOICES = ["sit", "stay", "come here"]
+TOOL = {"type": "function", "function": {"name": "walk", "parameters": {
+    "type": "object", "properties": {"minutes": {"type": "integer", "minimum": 5, "maximum": 60}},
+    "required": ["minutes"]}}}
+
+
+def _schema(k: int) -> dict:
+    """One of eight small schemas (eight grammars compiling at once at the storm's start)."""
+    return {"type": "object", "properties": {f"dog{k}": {"type": "integer", "minimum": 0, "maximum": 9},
+                                             "ok": {"type": "boolean"}}, "required": [f"dog{k}", "ok"]}
+
+
+def _constraint(i: int, rng: random.Random) -> tuple[dict, object]:
+    """(the body's constraint fields, what a stopped output must satisfy)."""
+    kind = rng.choice(["json", "regex", "choice", "tool"])
+    if kind == "json":
+        schema = _schema(i % 8)
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}, schema
+    if kind == "regex":
+        return {"structured_outputs": {"regex": REGEX}}, REGEX
+    if kind == "choice":
+        return {"guided_choice": CHOICES}, CHOICES
+    return {"tools": [TOOL], "tool_choice": "required"}, TOOL
+
+
+def _valid(expect: object, choice: dict) -> bool:
+    if isinstance(expect, str):
+        return re.fullmatch(expect, choice["message"]["content"] if "message" in choice else choice["text"]) is not None
+    if isinstance(expect, list):
+        return (choice["message"]["content"] if "message" in choice else choice["text"]) in expect
+    if expect is TOOL:
+        return all(json.loads(c["function"]["arguments"])["minutes"] >= 5 for c in choice["message"]["tool_calls"])
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    jsonschema.validate(json.loads(text), expect)
+    return True
 
 
 def _request(i: int, rng: random.Random) -> tuple[str, dict, bool]:
@@ -32,6 +75,11 @@ def _request(i: int, rng: random.Random) -> tuple[str, dict, bool]:
     abandon = stream and rng.random() < 0.2      # ~10% of all clients leave mid-stream
     common = {"n": n, "max_tokens": MAX_TOKENS, "temperature": rng.choice([0.0, 0.8]), "seed": i,
               "ignore_eos": True, "stream": stream}
+    if rng.random() < CONSTRAINED_SHARE:
+        fields, expect = _constraint(i, rng)
+        common.update(fields, max_tokens=24, expect=expect)
+        if "tools" in fields:
+            return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": f"Walk {i}"}]}, abandon
     if rng.random() < 0.5:
         body = {**common, "prompt": f"My dog {i} likes to"}
         if logprobs is not None:
@@ -45,13 +93,18 @@ def _request(i: int, rng: random.Random) -> tuple[str, dict, bool]:
 
 async def _client(http: httpx.AsyncClient, path: str, body: dict, abandon: bool) -> str:
     """'ok', 'abandoned', or what went wrong."""
+    expect = body.pop("expect", None)
     if not body["stream"]:
         r = await http.post(path, json=body)
         if r.status_code != 200:
             return f"{r.status_code}: {r.text[:200]}"
         choices = r.json()["choices"]
-        if len(choices) != body["n"] or any(c["finish_reason"] != "length" for c in choices):
+        if len(choices) != body["n"]:
             return f"bad choices: {choices}"
+        if expect is None and any(c["finish_reason"] != "length" for c in choices):
+            return f"bad choices: {choices}"
+        if expect is not None and not all(_valid(expect, c) for c in choices if c["finish_reason"] != "length"):
+            return f"invalid constrained output: {choices}"
         return "ok"
     async with http.stream("POST", path, json=body) as r:
         if r.status_code != 200:
