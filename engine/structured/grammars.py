@@ -106,6 +106,13 @@ class GrammarState:
         self.matcher = matcher
 
     def fill(self, bitmask: Any, row: int) -> None:
+        """The next-token mask into bitmask[row]. A grammar that has ended allows only its stop
+        tokens (the engine stops such a sequence first; xgrammar would raise, failing the step)."""
+        if self.matcher.is_terminated():
+            bitmask[row] = 0
+            for token in self.matcher.stop_token_ids:
+                bitmask[row, token // 32] |= 1 << (token % 32)
+            return
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept(self, token_id: int) -> bool:
