@@ -93,6 +93,13 @@ ENGINE = _obj({
     "apiKeySecretRef": _secret_ref("Your own Secret with key api-key, instead of the generated "
                                    "<name>-engine-secret: engines want it as a bearer token on every path but "
                                    "/health, /ready and /metrics, and the gateway sends it (docs/operator.md)."),
+    "toolCallParser": _str("Reads tool calls out of tool_choice=auto answers (--tool-call-parser): auto = the "
+                           "format the model's chat template calls for, none = off (docs/server.md).",
+                           enum=list(d.TOOL_CALL_PARSERS), default=d.DEFAULT_TOOL_CALL_PARSER),
+    "structuredOutputsBackend": _str("Grammar library for structured outputs and forced tool calls "
+                                     "(--structured-outputs-backend); auto = xgrammar.",
+                                     enum=list(d.STRUCTURED_OUTPUTS_BACKENDS),
+                                     default=d.DEFAULT_STRUCTURED_OUTPUTS_BACKEND),
     "requireApiKey": {"type": "boolean", "default": True,
                       "description": "false: engines answer anyone who reaches them (no key at all). "
                                      "Default true: the generated key, or apiKeySecretRef's."},

@@ -17,7 +17,9 @@ from typing import Any, Mapping
 # the operator passes them to the gateway and engines it runs.
 from pagedkube import model_source as ms
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.config import STRUCTURED_OUTPUTS_BACKENDS, EngineConfig
+from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.tool_parsers import PARSER_NAMES as TOOL_CALL_PARSERS
 from pagedkube.gateway.autoscaler import policy as autoscale
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
@@ -38,6 +40,8 @@ DEFAULT_SCALE_DOWN_WINDOW_S = int(autoscale.DEFAULT_SCALE_DOWN_WINDOW_S)  # HPA'
 DEFAULT_GATEWAY_REPLICAS = 1
 DEFAULT_ROUTING_POLICY: str = default_of(GatewayConfig, "routing")
 RUNTIMES = ("pagedkube", "vllm")
+DEFAULT_TOOL_CALL_PARSER: str = default_of(ServerConfig, "tool_call_parser")      # auto: from the chat template
+DEFAULT_STRUCTURED_OUTPUTS_BACKEND: str = default_of(EngineConfig, "structured_outputs_backend")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
 # Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
@@ -119,6 +123,8 @@ class EngineSpec:
     tolerations: tuple[Mapping[str, Any], ...] = ()
     api_key_secret: str = ""              # Secret with key `api-key`; "" = the generated Secret's key
     require_api_key: bool = True          # False (and no api_key_secret): engines answer anyone who reaches them
+    tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER                        # --tool-call-parser
+    structured_outputs_backend: str = DEFAULT_STRUCTURED_OUTPUTS_BACKEND    # --structured-outputs-backend
 
     @property
     def num_gpus(self) -> int:
@@ -263,10 +269,20 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         tolerations=tuple(d.get("tolerations") or ()),
         api_key_secret=_secret_name(d, "apiKeySecretRef"),
         require_api_key=_bool(d, "requireApiKey", True, "spec.engine.requireApiKey"),
+        tool_call_parser=_choice(d, "toolCallParser", DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS),
+        structured_outputs_backend=_choice(d, "structuredOutputsBackend", DEFAULT_STRUCTURED_OUTPUTS_BACKEND,
+                                           STRUCTURED_OUTPUTS_BACKENDS),
     )
     if not engine.require_api_key and engine.api_key_secret:
         raise ValueError("spec.engine.requireApiKey false contradicts spec.engine.apiKeySecretRef; drop one")
     return engine
+
+
+def _choice(d: Mapping[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = d.get(key, default)
+    if value not in choices:
+        raise ValueError(f"spec.engine.{key} must be one of {choices}, got {value!r}")
+    return value
 
 
 def _bool(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:

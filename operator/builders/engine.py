@@ -55,10 +55,13 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
         optional += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
     if e.runtime == "vllm":
         assert model_path is not None, "vllm needs a model path (validated in spec)"
+        tools = ([] if e.tool_call_parser in ("auto", "none")    # vLLM has no template detection
+                 else ["--enable-auto-tool-choice", "--tool-call-parser", e.tool_call_parser])
         return (["python3", "-m", "vllm.entrypoints.openai.api_server"],
-                ["--model", model_path, *common, *optional, "--enable-prefix-caching", *e.extra_args])
+                ["--model", model_path, *common, *optional, "--enable-prefix-caching", *tools, *e.extra_args])
     args = ["serve", *(["--model", model_path] if model_path else []), *common, *optional,
-            "--drain-timeout", str(e.drain_timeout_s)]
+            "--drain-timeout", str(e.drain_timeout_s), "--tool-call-parser", e.tool_call_parser,
+            "--structured-outputs-backend", e.structured_outputs_backend]
     if e.num_gpus:
         args += ["--device", "cuda"]
     return ["pagedkube"], [*args, *e.extra_args]

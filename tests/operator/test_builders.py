@@ -94,7 +94,8 @@ def test_builtin_engine_on_cpu() -> None:
     assert c["image"] == f"ghcr.io/pagedkube/engine:{__version__}"
     assert c["command"] == ["pagedkube"]
     assert c["args"] == ["serve", "--model", "builtin://tiny", "--served-model-name", "tiny", "--host", "0.0.0.0", "--port", "8000",
-                         "--block-size", "16", "--max-num-seqs", "256", "--drain-timeout", "30"]
+                         "--block-size", "16", "--max-num-seqs", "256", "--drain-timeout", "30",
+                         "--tool-call-parser", "auto", "--structured-outputs-backend", "auto"]
     assert c["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -129,8 +130,8 @@ def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
     assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
                          "--host", "0.0.0.0", "--port", "8000", "--block-size", "16", "--max-num-seqs", "256",
-                         "--max-model-len", "4096", "--drain-timeout", "30", "--device", "cuda",
-                         "--max-waiting", "64"]
+                         "--max-model-len", "4096", "--drain-timeout", "30", "--tool-call-parser", "auto",
+                         "--structured-outputs-backend", "auto", "--device", "cuda", "--max-waiting", "64"]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}}
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
