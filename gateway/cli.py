@@ -10,6 +10,7 @@ from pagedkube.defaults import default_of
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
+from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def _affinity_depth(value: str) -> int | None:
@@ -22,7 +23,6 @@ def _affinity_depth(value: str) -> int | None:
     if depth < 0:
         raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
     return depth
-from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def _default(name: str):

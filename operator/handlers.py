@@ -101,8 +101,8 @@ def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] 
 
         @kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"child-{plural}",
                        param=(api_version, kind))
-        def child_changed(body: kopf.Body, type: str | None, namespace: str, param: tuple[str, str],
-                          memo: Any, **_: Any) -> None:
+        def child_changed(body: kopf.Body, type: str | None, namespace: str,  # noqa: A002  (kopf passes `type`)
+                          param: tuple[str, str], memo: Any, **_: Any) -> None:
             owner = _owner(body, namespace, memo)
             if owner is None:
                 return

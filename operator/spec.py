@@ -20,7 +20,7 @@ from pagedkube.defaults import default_of
 from pagedkube.engine.config import EngineConfig
 from pagedkube.gateway.autoscaler import policy as autoscale
 from pagedkube.gateway.config import GatewayConfig
-from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # Defaults shared with crd.py. Each says where its number comes from.

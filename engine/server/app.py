@@ -17,7 +17,7 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 

@@ -77,7 +77,7 @@ class EngineCore:
     def _step(self) -> None:
         try:
             deltas = self.engine.step_deltas()
-        except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server
+        except Exception as exc:  # one bad step must not kill the server
             self.failures += 1
             logger.exception("engine step failed (%d in a row)", self.failures)
             self._fail_all(500, f"engine step failed: {type(exc).__name__}: {exc}")
@@ -105,7 +105,7 @@ class EngineCore:
                                             cache_salt=req.cache_salt, group=req.group)
                 except ValueError as exc:
                     self.msg.errors.append(RequestError(req.request_id, 400, str(exc)))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     logger.exception("add_request(%s) failed", req.request_id)
                     self.msg.errors.append(RequestError(req.request_id, 500, f"{type(exc).__name__}: {exc}"))
                 else:
@@ -122,7 +122,7 @@ class EngineCore:
     def _abort(self, request_id: str) -> None:
         try:
             self.engine.abort_request(request_id)
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.exception("abort_request(%s) failed", request_id)
 
     def _fail_all(self, status: int, message: str) -> None:
@@ -137,7 +137,7 @@ def serve_core(conn: Any, factory: EngineFactory) -> None:
     try:
         core = EngineCore(factory, conn)
         ready = CoreReady(core.facts())
-    except BaseException as exc:  # noqa: BLE001 - reported to the HTTP process, which fails start-up
+    except BaseException as exc:  # reported to the HTTP process, which fails start-up
         logger.exception("building the engine failed")
         conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
         return

@@ -178,7 +178,7 @@ def render_chat(state: ServerState, messages: list[dict], add_generation_prompt:
         text = tokenizer_for(state, "messages").render_chat(messages, add_generation_prompt, **(kwargs or {}))
     except APIError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+    except Exception as exc:  # a template error is the request's fault
         raise bad_request(f"messages could not be rendered with the chat template: {exc}", "messages") from exc
     if continue_final_message:
         text = _cut_after_final_message(text, messages[-1]["content"])
