@@ -88,7 +88,8 @@ class EngineWatcher:
     def known_models(self) -> set[str] | None:
         """Model names the ready engines serve; None while no engine has answered."""
         ready = set(self.endpoints.routable())
-        names = {m.get("id") for url, models in self.models.items() if url in ready for m in models}
+        names = {name for url, models in self.models.items() if url in ready for m in models
+                 if isinstance(name := m.get("id"), str)}
         return names or None
 
     # -- cache feed ---------------------------------------------------------------

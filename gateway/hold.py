@@ -19,13 +19,13 @@ RETRY_AFTER_S = 5   # a cold engine takes seconds to load: suggest clients come 
 
 def hold_full(max_held: int) -> GatewayError:
     return GatewayError(503, f"No engine is ready and {max_held} requests are already waiting for one; "
-                             f"retry after {RETRY_AFTER_S} s.", "service_unavailable",
+                             f"retry after {RETRY_AFTER_S} s.",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def hold_timeout(seconds: float) -> GatewayError:
     return GatewayError(503, f"No engine became ready within {seconds:g} s; retry after {RETRY_AFTER_S} s.",
-                        "service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class HoldQueue:

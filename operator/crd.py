@@ -29,7 +29,7 @@ def _str(description: str = "", **extra: Any) -> dict[str, Any]:
     return {"type": "string", **({"description": description} if description else {}), **extra}
 
 
-def _obj(properties: dict[str, Any], description: str = "", **extra: Any) -> dict[str, Any]:
+def _obj(properties: dict[str, Any], description: str = "", /, **extra: Any) -> dict[str, Any]:
     return {"type": "object", **({"description": description} if description else {}),
             "properties": properties, **extra}
 

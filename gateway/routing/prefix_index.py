@@ -148,7 +148,7 @@ class PrefixIndex:
             # gateway's hot path at 256 endpoints in bench/simulate.py's profile).
             depth = len(list(takewhile(held.__contains__, block_hashes))) if held and first in held else 0
             live = pending.live(e) if pending is not None else None
-            if live is not None and depth < len(block_hashes) and block_hashes[depth] in live:
+            if pending is not None and live is not None and depth < len(block_hashes) and block_hashes[depth] in live:
                 run = _run(block_hashes[depth:], held or (), live)
                 if pending.counts(run, None if loads is None else loads.get(e, 0)):
                     depth += run
