@@ -1,4 +1,4 @@
-"""The paged-KV engine (DESIGN.md §4).
+"""The paged-KV engine (docs/design.md "Engine").
 
 `LLM` and the model runner need torch; the block pool, prefix cache, scheduler,
 sequence and sampling parameters do not, and importing them (or this package)

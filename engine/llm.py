@@ -1,4 +1,4 @@
-"""`LLM`: the offline API (DESIGN.md §4), shaped like vLLM's.
+"""`LLM`: the offline API (docs/design.md "Engine"), shaped like vLLM's.
 
     llm = LLM()                                   # smollm2-135m-instruct (GGUF) on CPU
     llm = LLM("builtin://tiny")                   # the 4 MB toy, for fast tests

@@ -16,7 +16,7 @@ Per endpoint, two tasks:
 The first engine whose cache config is read fixes the gateway's block size and
 hash seed and serves the tokenizer (GET /v1/cache/tokenizer); an engine with a
 different config gets no affinity (its feed is ignored) rather than silently
-wrong hashes (PITFALLS.md "Block size / hash seed mismatches").
+wrong hashes (docs/design.md, pitfall "Block size or hash seed mismatches").
 """
 from __future__ import annotations
 

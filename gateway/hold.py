@@ -2,7 +2,7 @@
 
 A request that finds no routable engine waits, up to `timeout` seconds, for one
 to become ready; at most `max_held` wait at once. Beyond the bound, or past the
-timeout, the client gets 503 with Retry-After (PITFALLS.md "Scale to zero drops
+timeout, the client gets 503 with Retry-After (docs/design.md, pitfall "Scale to zero drops
 requests": hold, but bounded, so a dead fleet cannot pile up unbounded work).
 The number held counts toward the autoscaler's queue depth, and the first held
 request wakes the autoscaler so it asks for an engine at once, not at its next tick.

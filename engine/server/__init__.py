@@ -1,4 +1,4 @@
-"""The engine server, `pagedkube serve` (DESIGN.md §5): an OpenAI-compatible API
+"""The engine server, `pagedkube serve` (docs/design.md "Engine server"): an OpenAI-compatible API
 over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
 
     config.py         ServerConfig

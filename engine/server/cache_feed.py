@@ -1,4 +1,4 @@
-"""The cache feed the gateway follows (DESIGN.md §5, docs/interfaces.md).
+"""The cache feed the gateway follows (docs/design.md "Engine server", docs/interfaces.md).
 
     GET /v1/cache/config              block size, hash algorithm and seed, engine_id
     GET /v1/cache/events?after=SEQ[&wait=S]

@@ -8,7 +8,7 @@ The event loop never touches the pipe. Both threads block on it, so the pipe
 stays in blocking mode: a half-arrived message is waited for, never mistaken
 for the core's death. (Watching the descriptor with loop.add_reader made it
 non-blocking under uvloop, and Connection.recv() then raised BlockingIOError
-mid-message: the engine wedged under 256 clients. PITFALLS.md.)
+mid-message: the engine wedged under 256 clients. docs/design.md "Pitfalls".)
 
 Back-pressure, not buffers: the reader hands a message to the loop only while
 fewer than MAX_UNDELIVERED wait there; otherwise it stops reading, the pipe

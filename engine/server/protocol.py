@@ -10,7 +10,7 @@ Three kinds of fields (the table is in docs/server.md "Request fields"):
   honour (`use_beam_search: true`, `tools`, a JSON response_format, ...).
 Fields nobody declared are ignored and reported by `unknown_fields()`; the
 server logs one warning per field name, as vLLM does, so routers and SDKs
-built for vLLM (which add their own fields) work unchanged (PITFALLS.md).
+built for vLLM (which add their own fields) work unchanged (docs/design.md "Pitfalls").
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def _max_tokens(state: ServerState, num_prompt_tokens: int, requested: int | Non
 
 
 def _check_request_size(state: ServerState, prepared: Prepared, prompt_field: str) -> None:
-    """Per-request caps (PITFALLS: admission in the right unit): sequences, and optionally tokens."""
+    """Per-request caps (docs/design.md, pitfall "Admission in the wrong unit"): sequences, and optionally tokens."""
     config = state.config
     max_seqs = config.engine.max_num_seqs
     if prepared.num_seqs > max_seqs:

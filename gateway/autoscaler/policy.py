@@ -31,9 +31,9 @@ from dataclasses import dataclass
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SCALE_UP_WINDOW_S = 0.0
 DEFAULT_SCALE_DOWN_WINDOW_S = 300.0
-DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # DESIGN.md §7 example
+DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # docs/design.md "Defaults"
 DEFAULT_MIN_REPLICAS = 1           # one engine stays warm (0, scale to zero, is opt-in: a cold start costs minutes)
-DEFAULT_MAX_REPLICAS = 4           # DESIGN.md §7 example: a small fleet until the user says more
+DEFAULT_MAX_REPLICAS = 4           # a small fleet until the user says more (docs/design.md "Defaults")
 # HPA syncs every 15 s; queue depth moves faster than CPU, and a scrape is cheap.
 DEFAULT_INTERVAL_S = 5.0
 # Scale from zero: how long a held request may wait for the first engine. A

@@ -1,6 +1,6 @@
 """Which block hashes each endpoint's prefix cache holds, from its cache feed.
 
-Bounded (PITFALLS.md "Unbounded routing indexes"): each endpoint keeps at most
+Bounded (docs/design.md, pitfall "Unbounded routing indexes"): each endpoint keeps at most
 `capacity` hashes in an LRU; a `stored` event refreshes a hash, the oldest falls
 out first. The engine's own pool is bounded and it reports `removed` hashes, so
 the cap only bites if removal events are lost. A `reset` snapshot or a new
