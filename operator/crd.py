@@ -193,7 +193,8 @@ def build_crd() -> dict[str, Any]:
             "group": naming.GROUP,
             "scope": "Namespaced",
             "names": {"kind": naming.KIND, "listKind": f"{naming.KIND}List", "plural": naming.PLURAL,
-                      "singular": "llmservice", "shortNames": ["llms"], "categories": ["pagedkube"]},
+                      "singular": naming.SINGULAR, "shortNames": list(naming.SHORT_NAMES),
+                      "categories": ["pagedkube"]},
             "versions": [{
                 "name": naming.VERSION,
                 "served": True,
