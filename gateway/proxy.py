@@ -37,7 +37,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from starlette.requests import Request
@@ -261,7 +261,7 @@ class Proxy:
         state = {"done": False}
         model = outcome.model
 
-        async def body():
+        async def body() -> AsyncIterator[bytes]:
             first = True
             tail = b""   # the bytes after the last blank line: an event still arriving
             failure: str | None = None
