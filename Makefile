@@ -10,7 +10,7 @@ PIP := $(BIN)/python -P -m pip
 WHEEL_DIR := build/wheel
 WHEEL_VENV := build/wheel-venv
 
-.PHONY: up test prebuild test-fast cxx test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
+.PHONY: up test prebuild lint test-fast cxx test-wheel test-prometheus prometheus test-e2e test-node node-deps node-images install bench clean model images
 
 $(BIN)/python:
 	$(PYTHON) -P -m venv $(VENV)
@@ -41,8 +41,15 @@ prebuild:
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory node-deps; fi
 	@e2e/cluster/prebuild.sh start
 
-test-fast: install cxx
+test-fast: install cxx lint
 	$(BIN)/pytest tests --ignore=tests/prometheus
+
+# ruff, then mypy (scripts/typecheck.py), over the four packages; settings in pyproject.toml
+# and the reasons for them in CONTRIBUTING.md "Checks". Zero findings, or the build fails.
+LINT_DIRS := engine gateway operator pagedkube
+lint: install
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/python scripts/typecheck.py
 
 # torch.compile's CPU code (Inductor writes C++ that includes Python's headers), for
 # --decode-capture on and tests/engine/test_decode_capture.py: g++ and the Python headers from

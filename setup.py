@@ -1,6 +1,6 @@
 """Maps the repository's top-level folders into the `pagedkube` namespace.
 
-engine/, gateway/ and operator/ sit at the repository root (DESIGN.md §1) but
+engine/, gateway/ and operator/ sit at the repository root (docs/design.md "Layout") but
 install as pagedkube.engine, pagedkube.gateway and pagedkube.operator, so no
 bare `operator` (a stdlib module) or `engine`/`gateway` lands in site-packages.
 Subpackages are discovered, so a new folder with an __init__.py needs no edit here.

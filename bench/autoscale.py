@@ -40,11 +40,15 @@ def free_port() -> int:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
+    """The autoscaler's samples, keyed as the exposition writes them (`name{label="v"}`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = {}
-    for line in text.splitlines():
-        if line.startswith("pagedkube_autoscaler_"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("pagedkube_autoscaler_"):
+                labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return out
 
 

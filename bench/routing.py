@@ -1,7 +1,7 @@
 """Routing benchmark: prefix-aware routing vs round-robin and least-load.
 
     .venv/bin/python bench/routing.py [--engines 4] [--kv-blocks 320] [--sessions 32] [--concurrency 32]
-                                      [--think-ms 500] [--load-bound 1.5] [--old-default] [--seed 0]
+                                      [--think-ms 500] [--load-bound 1.5] [--seed 0]
                                       [--policies round-robin,least-load,prefix] [--prefix-variant NAME:FLAGS]
                                       [--routers 1,2] [--vllm-router]
                                       [--only overhead|WORKLOAD] [--out build/bench/routing]
@@ -39,10 +39,7 @@ import math
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,95 +51,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pagedkube.gateway.routing.pending import pending_ttl_for  # noqa: E402
 from routers import (Setup, engine_loads, gateway_loads, have_vllm_router, replica,  # noqa: E402
                      start_vllm_router, wait_router)
+from routing_overhead import overhead  # noqa: E402
+from routing_procs import MODEL, REPO, Procs, decisions, free_port, in_flight, percentile, scrape, wait_ready  # noqa: E402
 from workloads import Workload, long_document_qa, no_shared_prefix, petcare_chat  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = "tiny"
 POLICIES = ("round-robin", "least-load", "prefix")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Procs:
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, args: list[str]) -> str:
-        port = free_port()
-        log = open(self.log_dir / f"{name}-{port}.log", "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        self.procs.append(subprocess.Popen([sys.executable, *args, "--host", "127.0.0.1", "--port", str(port)],
-                                           stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO))
-        return f"http://127.0.0.1:{port}"
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def wait_ready(urls: list[str], timeout: float = 600, tokenizer: bool = False) -> None:
-    deadline = time.monotonic() + timeout
-    for url in urls:
-        while True:
-            try:
-                r = httpx.get(url + "/ready", timeout=5)
-                if r.status_code == 200 and (not tokenizer or r.json().get("tokenizer")):
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{url} not ready after {timeout} s")
-            time.sleep(0.5)
-
-
-def scrape(url: str, *names: str) -> dict[str, float]:
-    out = dict.fromkeys(names, 0.0)
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        for name in names:
-            if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
-                out[name] += float(line.rsplit(None, 1)[-1])
-    return out
-
-
-def in_flight(gateway: str) -> dict[str, float]:
-    """The gateway's in-flight count per engine; key "others": the sum of the
-    other-replica load it believes in (0 with one gateway, up to scrape lag)."""
-    loads, others = {}, 0.0
-    for line in httpx.get(gateway + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("pagedkube_gateway_endpoint_in_flight{"):
-            endpoint = line.split('endpoint="', 1)[1].split('"', 1)[0]
-            loads[endpoint] = float(line.rsplit(None, 1)[-1])
-        elif line.startswith("pagedkube_gateway_endpoint_other_requests{"):
-            others += float(line.rsplit(None, 1)[-1])
-    return {"loads": loads, "others": others}
-
-
-def decisions(gateway: str) -> dict[str, float]:
-    """The gateway's routing decisions so far, by reason."""
-    out = {}
-    for line in httpx.get(gateway + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("pagedkube_gateway_routing_decisions_total{"):
-            out[line.split('reason="', 1)[1].split('"', 1)[0]] = float(line.rsplit(None, 1)[-1])
-    return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
 
 def think_time(seed: int, session_id: str, turn: int, mean_s: float) -> float:
@@ -316,83 +229,6 @@ def workloads(seed: int, concurrency: int, sessions: int = 16) -> list[tuple[Wor
             (no_shared_prefix(num_prompts=16, seed=seed), concurrency)]
 
 
-# -- gateway overhead against a null engine --------------------------------------------------
-
-def null_engine_main(port: int) -> None:
-    """An engine that answers at once: /ready, /v1/models, the cache config and
-    tokenizer of the built-in model, an empty feed, and a fixed completion."""
-    import uvicorn
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
-
-    from pagedkube import hashing
-    from pagedkube.tokenizer import TOKENIZER_FILES
-
-    model_dir = REPO / "pagedkube" / "builtin" / "tiny"
-    files = {n: (model_dir / n).read_text() for n in TOKENIZER_FILES if (model_dir / n).is_file()}
-    answer = {"id": "x", "object": "chat.completion", "model": MODEL,
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
-                        "prompt_tokens_details": {"cached_tokens": 0}}}
-    app = FastAPI()
-    app.get("/ready")(lambda: {"status": "ready"})
-    app.get("/metrics")(lambda: JSONResponse({}))
-    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-    app.get("/v1/cache/config")(lambda: {**hashing.cache_config(16), "engine_id": "null"})
-    app.get("/v1/cache/events")(lambda: {"engine_id": "null", "latest_seq": 0, "reset": False, "events": []})
-    app.get("/v1/cache/tokenizer")(lambda: {"files": files})
-    app.post("/v1/chat/completions")(lambda: answer)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def overhead(procs: Procs, seed: int, n: int = 200) -> dict:
-    port = free_port()
-    procs.procs.append(subprocess.Popen([sys.executable, __file__, "--null-engine", str(port)], cwd=REPO))
-    null = f"http://127.0.0.1:{port}"
-    wait_ready([null])
-    gateway = procs.start("gateway-null", ["-m", "pagedkube", "gateway", "--endpoints", null])
-    wait_ready([gateway], tokenizer=True)
-    sessions = petcare_chat(num_sessions=n // 4, turns=4, seed=seed).sessions
-    bodies = []
-    for s in sessions:
-        s.replies = ["Twice a day is fine for most adult dogs; split the food into two meals."] * 4
-        bodies += [{"model": MODEL, "messages": s.messages(t), "max_tokens": 4} for t in range(4)]
-    # Alternate direct and gateway requests so both see the same machine load;
-    # the overhead is the median of the per-pair differences.
-    direct, via = [], []
-    with httpx.Client(timeout=30) as client:
-        for body in bodies * 2:
-            for url, times in ((null, direct), (gateway, via)):
-                start = time.perf_counter()
-                client.post(url + "/v1/chat/completions", json=body).raise_for_status()
-                times.append(time.perf_counter() - start)
-    return {"requests": len(direct), "direct_p50_ms": 1000 * statistics.median(direct),
-            "gateway_p50_ms": 1000 * statistics.median(via),
-            "overhead_p50_ms": 1000 * statistics.median([v - d for v, d in zip(via, direct)]),
-            "overhead_p99_ms": 1000 * percentile([v - d for v, d in zip(via, direct)], 99),
-            "routing_only_p50_ms": routing_only(bodies)}
-
-
-def routing_only(bodies: list[dict]) -> float:
-    """In-process: render + tokenize + hash + pick, per request (p50, ms)."""
-    from pagedkube.gateway.prompt import PromptHasher
-    from pagedkube.gateway.routing.bounded_load import BoundedLoad
-    from pagedkube.gateway.routing.picker import PrefixPicker
-    from pagedkube.gateway.routing.prefix_index import PrefixIndex
-    from pagedkube.gateway.routing.ring import RingCache
-    from pagedkube.tokenizer import Tokenizer
-
-    hasher = PromptHasher(Tokenizer.from_pretrained(REPO / "pagedkube" / "builtin" / "tiny"))
-    picker = PrefixPicker(PrefixIndex(), BoundedLoad(), RingCache())
-    pods = [f"http://10.0.0.{i}:8000" for i in range(4)]
-    times = []
-    for body in bodies * 2:
-        start = time.perf_counter()
-        picker.pick(hasher.routing_input("chat", body, None), pods, dict.fromkeys(pods, 1))
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
 # -- main ------------------------------------------------------------------------------------
 
 def chart(results: dict, path: Path) -> None:
@@ -432,9 +268,6 @@ async def bench(args: argparse.Namespace, procs: Procs) -> dict:
     if "prefix" in args.policies:
         setups += [("prefix" if i == 0 else f"prefix c={c:g}", "prefix", c, [])
                    for i, c in enumerate(args.load_bound)]
-    if args.old_default:   # the defaults before the simulator (docs/benchmarks.md, Simulator)
-        setups.append(("prefix old", "prefix", 1.25,
-                       ["--load-floor", "0", "--ring-key-blocks", "16", "--affinity-depth", "0", "--pending-ttl", "0"]))
     for variant in args.prefix_variant:
         name, _, flags = variant.partition(":")
         setups.append((name, "prefix", args.load_bound[0], flags.split()))
@@ -495,13 +328,12 @@ def main() -> int:
     parser.add_argument("--load-bound", type=lambda v: [float(c) for c in v.split(",")], default=[1.5],
                         help="c for the prefix router; a list runs it once per value (default 1.5; "
                              "the baselines and the overhead run use the first)")
-    parser.add_argument("--old-default", action="store_true",
-                        help="also run the prefix router with the defaults before the simulator (c = 1.25, "
-                             "--load-floor 0, --ring-key-blocks 16)")
     parser.add_argument("--policies", type=lambda v: v.split(","), default=list(POLICIES),
                         help=f"the gateway's policies to run (default {','.join(POLICIES)})")
     parser.add_argument("--prefix-variant", action="append", default=[], metavar="NAME:FLAGS",
-                        help="also run the prefix router with these gateway flags, e.g. 'floor4:--load-floor 4'")
+                        help="also run the prefix router with these gateway flags, e.g. 'floor4:--load-floor 4' "
+                             "(later flags win: 'old:--load-bound 1.25 --load-floor 0 --ring-key-blocks 16' "
+                             "reruns the defaults before the simulator, docs/benchmarks.md)")
     parser.add_argument("--routers", type=lambda v: [int(r) for r in v.split(",")], default=[1],
                         help="router replicas for `prefix` and vllm-router, e.g. 1,2 (requests split at random)")
     parser.add_argument("--vllm-router", action="store_true",
@@ -514,11 +346,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["overhead", "petcare_chat", "long_document_qa", "no_shared_prefix"],
                         help="run only this part (overhead: the gateway against a null engine, printed; "
                              "a workload name: that workload, no overhead run)")
-    parser.add_argument("--null-engine", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.null_engine:
-        null_engine_main(args.null_engine)
-        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     procs = Procs(out)

@@ -6,7 +6,7 @@
 The JSON is the artefact (Grafana imports it, the Helm chart ships it); this script
 keeps three dashboards consistent: the same variables (datasource, namespace,
 service), the same layout rules and the same metric-name conventions. Metric names
-are a contract (PITFALLS.md): tests/packaging/test_dashboards.py checks every name
+are a contract (docs/design.md "Pitfalls"): tests/packaging/test_dashboards.py checks every name
 used here against the engine's and gateway's Prometheus registries.
 
 Label conventions: Prometheus Operator scrapes (the operator's ServiceMonitor, the

@@ -1,8 +1,37 @@
-"""The paged-KV engine (DESIGN.md §4).
+"""The paged-KV engine (docs/design.md "Engine").
 
 `LLM` and the model runner need torch; the block pool, prefix cache, scheduler,
 sequence and sampling parameters do not, and importing them (or this package)
 never imports torch. Hence the lazy attributes below.
+
+    llm.py               LLM: the offline API (vLLM's shape)
+    llm_engine.py        LLMEngine: add_request, step / step_deltas, stats
+    config.py            EngineConfig, validated
+    sampling_params.py   SamplingParams (vLLM's names)
+    outputs.py           RequestOutput, CompletionOutput, RequestDelta
+    admission.py         can a request ever finish, and with how many new tokens
+    scheduler.py         which sequences run in the next forward pass (token budget, preemption)
+    waiting_queue.py     the waiting queue, fair across request groups
+    forks.py             n > 1: samples that wait for sample 0's prompt
+    sequence.py          Sequence, ScheduledSeq, SampleOutput: what scheduler and runner share
+    kv_cache_manager.py  per-sequence block allocation with the prefix cache
+    block_pool.py        fixed-size blocks, the O(1) LRU free queue, the hash -> block map
+    kv_events.py         KVEventLog: the cache feed's stored/removed events
+    model_runner.py      one forward pass over a scheduled batch (torch)
+    model_config.py      what the runner reads from config.json
+    loader.py            builds the decoder and loads safetensors or GGUF weights
+    decode_capture.py    decode steps as one captured program (torch.compile / CUDA graphs)
+    sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)
+    penalties.py         repetition, presence and frequency penalties, logit bias
+    output_processor.py  tokens -> text, stop strings, logprobs
+    cli.py               registers the `generate` and `serve` subcommands
+    generate_cli.py      `pagedkube generate`
+    attention/           paged attention: torch reference and Triton kernels
+    layers/              RMSNorm, rotary embedding, gated activation
+    models/              the decoder (Llama, Qwen2, Qwen3, Mistral)
+    quant/               packed int8/int4 weights and their matmuls
+    gguf/                GGUF files: metadata, tensors, tokenizer
+    server/              `pagedkube serve`: the OpenAI-compatible server
 """
 from __future__ import annotations
 

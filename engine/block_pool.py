@@ -67,6 +67,7 @@ class FreeKVCacheBlockQueue:
         block = self._head.next_free
         if block is self._tail:
             raise IndexError("no free blocks")
+        assert block is not None    # the sentinels keep every link of a queued block set
         self.remove(block)
         return block
 
@@ -81,6 +82,7 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         assert block.prev_free is None and block.next_free is None, f"{block} is already in the free queue"
         last = self._tail.prev_free
+        assert last is not None
         last.next_free = block
         block.prev_free = last
         block.next_free = self._tail
@@ -90,6 +92,7 @@ class FreeKVCacheBlockQueue:
     def __iter__(self) -> Iterator[KVCacheBlock]:
         block = self._head.next_free
         while block is not self._tail:
+            assert block is not None
             yield block
             block = block.next_free
 

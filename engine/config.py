@@ -1,4 +1,4 @@
-"""Engine configuration: one validated dataclass (STYLE.md "Config")."""
+"""Engine configuration: one validated dataclass (CONTRIBUTING.md "Conventions": config)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

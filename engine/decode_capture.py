@@ -120,6 +120,7 @@ class DecodeCapture:
         self.width = max_blocks if self.is_cuda else None
         self.compile_seconds: dict[int, float] = {}
         self.num_captured_steps = 0              # steps run through the captured program (tests, bench)
+        self.program: CudaGraphs | CompiledDecode
         with torch.inference_mode():
             if self.is_cuda:
                 forward = functools.partial(decode_forward, model, kv_caches, max_model_len)

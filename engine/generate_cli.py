@@ -8,7 +8,7 @@ from typing import Any
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.sampling_params import SamplingParams
-from pagedkube.engine.server.serve_cli import add_decode_capture_args
+from pagedkube.engine.server.engine_flags import add_decode_capture_args
 from pagedkube.model_source import MODEL_FLAG_HELP
 
 

@@ -88,7 +88,7 @@ class KVCacheManager:
         hits; the caller advances it after success.
 
         A hit on a block with ref_cnt 0 takes it out of the free queue, so such
-        hits count against free capacity (PITFALLS: "Capacity accounting").
+        hits count against free capacity (docs/design.md, pitfall "Capacity accounting").
         """
         assert num_new_tokens > 0, num_new_tokens
         held = seq.block_table.blocks

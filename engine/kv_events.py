@@ -3,7 +3,7 @@
 The BlockPool calls `record` (its event_sink) whenever a hash enters or leaves
 its hash map; the server answers `GET /v1/cache/events?after=SEQ` with
 `events_after(SEQ)` (docs/interfaces.md "Cache feed"). Only the last
-`max_events` events are kept (PITFALLS: every index has a bound), so a gateway
+`max_events` events are kept (docs/design.md, pitfall "Unbounded routing indexes"), so a gateway
 that fell further behind, or that talks to a restarted engine, gets a reset and
 a full snapshot instead. The snapshot is the set of hashes currently cached,
 kept here by replaying the events (it mirrors the pool's hash map, so it is

@@ -1,4 +1,4 @@
-"""`LLM`: the offline API (DESIGN.md §4), shaped like vLLM's.
+"""`LLM`: the offline API (docs/design.md "Engine"), shaped like vLLM's.
 
     llm = LLM()                                   # smollm2-135m-instruct (GGUF) on CPU
     llm = LLM("builtin://tiny")                   # the 4 MB toy, for fast tests
@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.llm_engine import LLMEngine
@@ -42,10 +42,9 @@ class LLM:
         them. Every prompt is validated before any runs, so a bad one raises
         ValueError and nothing was queued.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                        and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                              and all(isinstance(t, int) for t in prompts))
+        prompts = cast("list[Prompt]", [prompts] if single else list(prompts))
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):

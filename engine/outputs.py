@@ -23,7 +23,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
-    metrics: dict = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -63,7 +63,7 @@ class OutputAccumulator:
         self.prompt_token_ids = prompt_token_ids
         self.finished = False
         self.num_cached_tokens = 0
-        self.metrics: dict = {}
+        self.metrics: dict[str, float] = {}
         self._samples: dict[int, tuple[CompletionOutput, list[str]]] = {}
 
     def add(self, delta: RequestDelta) -> None:

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, validated on construction (vLLM's names)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pagedkube.engine.structured.params import StructuredOutputsParams
 

@@ -4,7 +4,7 @@ One FIFO per group (a group is one HTTP request: all its prompts and samples;
 by default a request id), served round-robin: each admission takes the head of
 the first group and moves that group to the back. So a request that queued a
 thousand sequences gets one slot in turn with every other waiting request,
-instead of all the slots that free up before them (PITFALLS: one request must
+instead of all the slots that free up before them (docs/design.md "Pitfalls": one request must
 not lock everyone out). Within a group, and with one sequence per group, it is
 plain FIFO. `appendleft` (preempted sequences, forked siblings) puts a sequence
 at the front of its group and its group at the front, as the scheduler's

@@ -113,7 +113,7 @@ class AccessLogMiddleware:
                                _arrival=time.monotonic())
         scope[SCOPE_KEY] = record
         if self.tracing is not None:
-            self._start_span(scope, record)
+            self._start_span(self.tracing, scope, record)
         watch = _ResponseWatch(record, self.access_log.enabled or self.tracing is not None)
 
         async def watched_send(message: Message) -> None:
@@ -131,11 +131,11 @@ class AccessLogMiddleware:
             record.queue_s = seconds(record._arrival, record._routed)
             record.total_s = seconds(record._arrival, end)
             self.access_log.emit(record)
-            if record._span is not None:
-                self._end_span(record, end)
+            if record._span is not None and self.tracing is not None:
+                self._end_span(self.tracing, record, end)
 
-    def _start_span(self, scope: Scope, record: GatewayAccess) -> None:
-        tracing = self.tracing
+    @staticmethod
+    def _start_span(tracing: Tracing, scope: Scope, record: GatewayAccess) -> None:
         parent = tracing.extract(scope.get("headers") or [])
         record._span = tracing.start("gateway.request", parent, record._arrival, server=True,
                                      attributes={"http.request.method": record.method, "url.path": record.path,
@@ -144,11 +144,12 @@ class AccessLogMiddleware:
         scope["headers"] = [(k, v) for k, v in scope.get("headers") or [] if k.lower() not in forward] + \
             list(forward.items())
 
-    def _end_span(self, record: GatewayAccess, end: float) -> None:
-        self.tracing.span("route", record._span, record._arrival, record._routed,
-                          {"pagedkube.route": record.route, "pagedkube.engine": record.engine,
-                           "pagedkube.predicted_cached_tokens": record.predicted_cached_tokens})
-        self.tracing.end(record._span, end, {"http.response.status_code": record.status,
-                                             "pagedkube.engine": record.engine,
-                                             "pagedkube.cached_tokens": record.cached_tokens},
-                         error=record.status is None or record.status >= 500)
+    @staticmethod
+    def _end_span(tracing: Tracing, record: GatewayAccess, end: float) -> None:
+        tracing.span("route", record._span, record._arrival, record._routed,
+                     {"pagedkube.route": record.route, "pagedkube.engine": record.engine,
+                      "pagedkube.predicted_cached_tokens": record.predicted_cached_tokens})
+        tracing.end(record._span, end, {"http.response.status_code": record.status,
+                                        "pagedkube.engine": record.engine,
+                                        "pagedkube.cached_tokens": record.cached_tokens},
+                    error=record.status is None or record.status >= 500)

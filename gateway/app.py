@@ -166,6 +166,7 @@ class Gateway:
 
     async def handle(self, request: Request, path: str) -> Response:
         started = time.monotonic()
+        assert self.watcher is not None and self.proxy is not None, "start() builds them before any request"
         outcome = outcome_of(request.scope)
         try:
             _, tenant_salt = self.authenticate(request)
@@ -212,7 +213,7 @@ class Gateway:
             except (httpx.HTTPError, ValueError, AttributeError):
                 return []
 
-        merged: dict[str, dict] = {}
+        merged: dict[str | None, dict] = {}
         for models in await asyncio.gather(*(one(u) for u in urls)):
             for m in models:
                 if isinstance(m, dict) and m.get("id") not in merged:
@@ -280,7 +281,7 @@ def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
         routable = gateway.endpoints.routable()
         body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state(),
                 "tokenizer": gateway.prompt.hasher.tokenizer is not None,
-                "feeds": dict(sorted(gateway.watcher.feed_seq.items()))}
+                "feeds": dict(sorted(gateway.watcher.feed_seq.items())) if gateway.watcher else {}}
         return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
 
     @app.get("/metrics")

@@ -10,6 +10,7 @@ from pagedkube.defaults import default_of
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
+from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def _affinity_depth(value: str) -> int | None:
@@ -22,7 +23,6 @@ def _affinity_depth(value: str) -> int | None:
     if depth < 0:
         raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
     return depth
-from pagedkube.observability import add_observability_args, observability_from_args
 
 
 def _default(name: str):
@@ -41,55 +41,59 @@ def register(subparsers) -> None:
     p.add_argument("--namespace", default=_default("namespace"), help=f"namespace of --kube-service (default: {_default('namespace')})")
     p.add_argument("--host", default=_default("host"))
     p.add_argument("--port", type=int, default=_default("port"))
-    p.add_argument("--routing", choices=ROUTING_POLICIES, default=_default("routing"))
-    p.add_argument("--load-bound", type=float, default=_default("load_bound"),
+    p.add_argument("--log-level", default="info")
+    r = p.add_argument_group("routing")
+    r.add_argument("--routing", choices=ROUTING_POLICIES, default=_default("routing"))
+    r.add_argument("--load-bound", type=float, default=_default("load_bound"),
                    help="c in consistent hashing with bounded loads: no engine above c x mean load "
                         f"(default {_default('load_bound'):g})")
-    p.add_argument("--load-floor", type=int, default=_default("load_floor"), metavar="N",
+    r.add_argument("--route-headers", action="store_true",
+                   help="add x-pagedkube-endpoint and x-pagedkube-route (the engine and the routing reason) to "
+                        "responses; off by default, as they show internal addresses to every client")
+    a = p.add_argument_group("access and limits")
+    a.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
+    a.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
+                   help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
+                        "every forwarded request (default: $PAGEDKUBE_ENGINE_API_KEY)")
+    a.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"),
+                   help=f"larger request bodies get 413 (default {_default('max_body_bytes') >> 20} MiB)")
+    a.add_argument("--body-read-timeout", type=float, default=_default("body_read_timeout"), metavar="SECONDS",
+                   help="a client that sent its headers but not its whole body within this gets 408 "
+                        f"(default {_default('body_read_timeout'):g})")
+    a.add_argument("--hold-timeout", type=float, default=None,
+                   help="seconds to hold a request while no engine is ready "
+                        f"(default 0: 503 at once; with --autoscale {DEFAULT_HOLD_TIMEOUT_S:g}, for scale from zero)")
+    t = p.add_argument_group(
+        "tuning", "measured defaults that deployments leave alone: for benchmarks and experiments (docs/gateway.md \"Tuning knobs\")")
+    t.add_argument("--load-floor", type=int, default=_default("load_floor"), metavar="N",
                    help="an engine with fewer than N requests always takes one more, whatever c x mean says "
                         f"(default {_default('load_floor')}; 0: the plain bound)")
-    p.add_argument("--affinity-depth", type=_affinity_depth, default=_default("affinity_depth"), metavar="N|head",
+    t.add_argument("--affinity-depth", type=_affinity_depth, default=_default("affinity_depth"), metavar="N|head",
                    help="leading blocks an engine must hold to draw a request by affinity: 0 (default) any "
                         "held prefix, N at least min(N, the request's ring-key head), 'head' the whole head")
-    p.add_argument("--pending-ttl", type=float, default=_default("pending_ttl"), metavar="SECONDS",
+    t.add_argument("--pending-ttl", type=float, default=_default("pending_ttl"), metavar="SECONDS",
                    help="count the blocks of a prompt this gateway routed as held by its engine until the engine's "
                         f"cache feed reports them, at most this long (default {_default('pending_ttl'):g}; 0: off, "
                         "which one of several gateway replicas needs so that replicas choose alike; docs/gateway.md)")
-    p.add_argument("--api-keys", metavar="FILE", help="YAML file of API keys (docs/gateway.md)")
-    p.add_argument("--engine-api-key", metavar="KEY", default=os.environ.get("PAGEDKUBE_ENGINE_API_KEY"),
-                   help="bearer token of engines started with --api-key: sent on the cache feed, probes and "
-                        "every forwarded request (default: $PAGEDKUBE_ENGINE_API_KEY)")
-    p.add_argument("--max-body-bytes", type=int, default=_default("max_body_bytes"),
-                   help=f"larger request bodies get 413 (default {_default('max_body_bytes') >> 20} MiB)")
-    p.add_argument("--body-read-timeout", type=float, default=_default("body_read_timeout"), metavar="SECONDS",
-                   help="a client that sent its headers but not its whole body within this gets 408 "
-                        f"(default {_default('body_read_timeout'):g})")
-    p.add_argument("--route-headers", action="store_true",
-                   help="add x-pagedkube-endpoint and x-pagedkube-route (the engine and the routing reason) to "
-                        "responses; off by default, as they show internal addresses to every client")
-    p.add_argument("--tokenize-workers", type=int, default=None,
-                   help=f"threads that tokenize large prompts off the event loop (default {_default('tokenize_workers')}, "
-                        "see docs/gateway.md)")
-    p.add_argument("--max-attempts", type=int, default=_default("max_attempts"),
-                   help="engines tried per request on connect errors / 5xx")
-    p.add_argument("--upstream-timeout", type=float, default=_default("upstream_timeout"), help="seconds to wait for engine bytes")
-    p.add_argument("--connect-timeout", type=float, default=_default("connect_timeout"))
-    p.add_argument("--eject-after-failures", type=int, default=_default("eject_after_failures"))
-    p.add_argument("--eject-seconds", type=float, default=_default("eject_seconds"))
-    p.add_argument("--feed-interval", type=float, default=_default("feed_interval"),
-                   help="least seconds between two cache feed requests to one engine")
-    p.add_argument("--feed-wait", type=float, default=_default("feed_wait"),
-                   help="cache feed long-poll: seconds an engine may hold a request until it has news "
-                        "(0: plain polls every --feed-interval)")
-    p.add_argument("--scrape-interval", type=float, default=_default("scrape_interval"),
-                   help="seconds between /metrics and /ready polls")
-    p.add_argument("--ring-key-blocks", type=int, default=_default("ring_key_blocks"),
+    t.add_argument("--ring-key-blocks", type=int, default=_default("ring_key_blocks"),
                    help="the ring key is the hash of the first N blocks of the prompt head "
                         f"(default {_default('ring_key_blocks')})")
-    p.add_argument("--hold-timeout", type=float, default=None,
-                   help="seconds to hold a request while no engine is ready "
-                        f"(default 0: 503 at once; with --autoscale {DEFAULT_HOLD_TIMEOUT_S:g}, for scale from zero)")
-    p.add_argument("--log-level", default="info")
+    t.add_argument("--tokenize-workers", type=int, default=None,
+                   help=f"threads that tokenize large prompts off the event loop (default {_default('tokenize_workers')}, "
+                        "see docs/gateway.md)")
+    t.add_argument("--max-attempts", type=int, default=_default("max_attempts"),
+                   help="engines tried per request on connect errors / 5xx")
+    t.add_argument("--upstream-timeout", type=float, default=_default("upstream_timeout"), help="seconds to wait for engine bytes")
+    t.add_argument("--connect-timeout", type=float, default=_default("connect_timeout"))
+    t.add_argument("--eject-after-failures", type=int, default=_default("eject_after_failures"))
+    t.add_argument("--eject-seconds", type=float, default=_default("eject_seconds"))
+    t.add_argument("--feed-interval", type=float, default=_default("feed_interval"),
+                   help="least seconds between two cache feed requests to one engine")
+    t.add_argument("--feed-wait", type=float, default=_default("feed_wait"),
+                   help="cache feed long-poll: seconds an engine may hold a request until it has news "
+                        "(0: plain polls every --feed-interval)")
+    t.add_argument("--scrape-interval", type=float, default=_default("scrape_interval"),
+                   help="seconds between /metrics and /ready polls")
     add_autoscale_args(p)
     add_observability_args(p)
     p.set_defaults(func=run)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pagedkube.gateway.metrics import GatewayMetrics
@@ -40,6 +41,7 @@ class CountResponses:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics):
         self.app = app
         self.metrics = metrics
+        self.state = State()   # create_app puts the FastAPI app's here, for whoever holds only this outermost app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (scope.get("method") == "GET" and scope.get("path") in UNCOUNTED):

@@ -133,7 +133,7 @@ class KubeDiscovery:
         if api is not None:
             try:
                 api.api_client.rest_client.pool_manager.clear()  # unblocks a read on the watch stream
-            except Exception:  # best effort: the thread is a daemon and exits on its next event anyway
+            except Exception:  # noqa: BLE001  best effort: the thread is a daemon and exits on its next event anyway
                 pass
 
     def _run(self, loop: asyncio.AbstractEventLoop, api: Any) -> None:
@@ -163,7 +163,7 @@ class KubeDiscovery:
                 if e.status != 410:
                     log.warning("EndpointSlice watch of %s/%s: %s", self.namespace, self.service, e)
                     self._stop.wait(2.0)
-            except Exception as e:  # network errors: keep the last known set, retry
+            except Exception as e:  # noqa: BLE001  network errors: keep the last known set, retry
                 if self._stop.is_set():
                     return
                 if "timed out" in str(e).lower():  # an idle watch the client ended: list and watch again

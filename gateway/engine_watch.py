@@ -16,7 +16,7 @@ Per endpoint, two tasks:
 The first engine whose cache config is read fixes the gateway's block size and
 hash seed and serves the tokenizer (GET /v1/cache/tokenizer); an engine with a
 different config gets no affinity (its feed is ignored) rather than silently
-wrong hashes (PITFALLS.md "Block size / hash seed mismatches").
+wrong hashes (docs/design.md, pitfall "Block size or hash seed mismatches").
 """
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ class EngineWatcher:
     def known_models(self) -> set[str] | None:
         """Model names the ready engines serve; None while no engine has answered."""
         ready = set(self.endpoints.routable())
-        names = {m.get("id") for url, models in self.models.items() if url in ready for m in models}
+        names = {name for url, models in self.models.items() if url in ready for m in models
+                 if isinstance(name := m.get("id"), str)}
         return names or None
 
     # -- cache feed ---------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A request that finds no routable engine waits, up to `timeout` seconds, for one
 to become ready; at most `max_held` wait at once. Beyond the bound, or past the
-timeout, the client gets 503 with Retry-After (PITFALLS.md "Scale to zero drops
+timeout, the client gets 503 with Retry-After (docs/design.md, pitfall "Scale to zero drops
 requests": hold, but bounded, so a dead fleet cannot pile up unbounded work).
 The number held counts toward the autoscaler's queue depth, and the first held
 request wakes the autoscaler so it asks for an engine at once, not at its next tick.
@@ -19,13 +19,13 @@ RETRY_AFTER_S = 5   # a cold engine takes seconds to load: suggest clients come 
 
 def hold_full(max_held: int) -> GatewayError:
     return GatewayError(503, f"No engine is ready and {max_held} requests are already waiting for one; "
-                             f"retry after {RETRY_AFTER_S} s.", "service_unavailable",
+                             f"retry after {RETRY_AFTER_S} s.",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def hold_timeout(seconds: float) -> GatewayError:
     return GatewayError(503, f"No engine became ready within {seconds:g} s; retry after {RETRY_AFTER_S} s.",
-                        "service_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class HoldQueue:

@@ -100,7 +100,7 @@ class PromptHasher:
             return self.fallback(kind, body, cache_salt)
         try:
             token_ids, key_ids = self._tokenize(kind, body, cached)
-        except Exception:  # a template or tokenizer error routes, it does not fail the request
+        except Exception:  # noqa: BLE001  a template or tokenizer error routes, it does not fail the request
             return self.fallback(kind, body, cache_salt)
         if not token_ids:
             return self.fallback(kind, body, cache_salt)

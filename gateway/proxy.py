@@ -37,18 +37,19 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive
 
-from pagedkube.engine.server.errors import DRAINING, NOT_READY
 from pagedkube.gateway.counting import Outcome
 from pagedkube.gateway.endpoints import TERMINATING, EndpointSet
 from pagedkube.gateway.errors import GatewayError, stream_broken, upstream_timeout, upstream_unreachable
 from pagedkube.gateway.metrics import GatewayMetrics, SSEUsageScanner, cached_tokens_of
 from pagedkube.gateway.routing.types import Decision
+from pagedkube.openai_errors import DID_NOT_START, DRAINING, sse_error_event
 
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                "transfer-encoding", "upgrade", "host", "content-length"}
@@ -72,10 +73,10 @@ class ProxyOptions:
     hold_timeout: float = 0.0   # after a drain answer with no engine left, wait this long for one
 
 
-# The 503 codes of an engine that did not start the request. Only a draining engine is taken
-# out of routing here: it never comes back (its pod is going). A not-ready one may recover
-# without its EndpointSlice changing, and with EndpointSlices nothing else would put it back.
-_DID_NOT_START = frozenset({DRAINING, NOT_READY})
+# Of the 503 codes of an engine that did not start the request (DID_NOT_START), only a
+# draining engine is taken out of routing here: it never comes back (its pod is going). A
+# not-ready one may recover without its EndpointSlice changing, and with EndpointSlices
+# nothing else would put it back.
 
 
 def _did_not_start(status: int, content: bytes) -> str | None:
@@ -86,10 +87,10 @@ def _did_not_start(status: int, content: bytes) -> str | None:
         code = json.loads(content)["error"]["code"]
     except (ValueError, KeyError, TypeError):
         return None
-    return code if code in _DID_NOT_START else None
+    return code if code in DID_NOT_START else None
 
 
-async def _until_disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _until_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -150,7 +151,8 @@ class Proxy:
                        decision: Decision, outcome: Outcome, started: float) -> Response:
         headers = self._request_headers(request)
         last: GatewayError | Response | None = None
-        queue, tried, attempts, wait_for_other = list(decision.endpoints), set(), 0, False
+        queue, attempts, wait_for_other = list(decision.endpoints), 0, False
+        tried: set[str] = set()
         while attempts < self.options.max_attempts:
             if not queue and tried:
                 try:
@@ -259,7 +261,7 @@ class Proxy:
         state = {"done": False}
         model = outcome.model
 
-        async def body():
+        async def body() -> AsyncIterator[bytes]:
             first = True
             tail = b""   # the bytes after the last blank line: an event still arriving
             failure: str | None = None
@@ -293,7 +295,7 @@ class Proxy:
                 detail = f"no byte from {url} within {self.options.upstream_timeout:g} s"
             elif failure == "eof":
                 detail = f"{url} ended the stream without [DONE]"
-            yield f"data: {json.dumps(stream_broken(detail).body())}\n\n".encode()
+            yield sse_error_event(stream_broken(detail).body()).encode()
 
         async def cleanup() -> None:
             if state["done"]:

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import kopf
     except ImportError as e:  # the operator extra is not installed
-        raise SystemExit(f"pagedkube operator needs kopf and kubernetes: pip install 'pagedkube[operator]' ({e})")
+        raise SystemExit(f"pagedkube operator needs kopf and kubernetes: pip install 'pagedkube[operator]' ({e})") from None
     from pagedkube.operator.handlers import register_handlers
     from pagedkube.operator.kube import Kube, default_api_client
     from pagedkube.operator.reconcile import Reconciler

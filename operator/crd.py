@@ -29,7 +29,7 @@ def _str(description: str = "", **extra: Any) -> dict[str, Any]:
     return {"type": "string", **({"description": description} if description else {}), **extra}
 
 
-def _obj(properties: dict[str, Any], description: str = "", **extra: Any) -> dict[str, Any]:
+def _obj(properties: dict[str, Any], description: str = "", /, **extra: Any) -> dict[str, Any]:
     return {"type": "object", **({"description": description} if description else {}),
             "properties": properties, **extra}
 
@@ -200,7 +200,8 @@ def build_crd() -> dict[str, Any]:
             "group": naming.GROUP,
             "scope": "Namespaced",
             "names": {"kind": naming.KIND, "listKind": f"{naming.KIND}List", "plural": naming.PLURAL,
-                      "singular": "llmservice", "shortNames": ["llms"], "categories": ["pagedkube"]},
+                      "singular": naming.SINGULAR, "shortNames": list(naming.SHORT_NAMES),
+                      "categories": ["pagedkube"]},
             "versions": [{
                 "name": naming.VERSION,
                 "served": True,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
 
 from pagedkube.operator.naming import HASH_ANNOTATION
 
@@ -45,6 +45,6 @@ def is_subset(desired: Any, live: Any) -> bool:
     return desired == live
 
 
-def needs_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+def needs_apply(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
     """desired as returned by with_hash()."""
     return live is None or not is_subset(desired, live)

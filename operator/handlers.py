@@ -39,10 +39,10 @@ MANAGED = {"app.kubernetes.io/managed-by": naming.MANAGED_BY}
 DEFAULT_RESYNC_INTERVAL_S = 300.0
 
 
-def _owner(body: kopf.Body, namespace: str, memo: Any) -> dict[str, Any] | None:
+def _owner(body: kopf.Body, namespace: str | None, memo: Any) -> dict[str, Any] | None:
     """The LLMService that controls this child, or None (gone, or not really ours)."""
     owner_name = body.metadata.labels.get(naming.OWNER_LABEL)
-    if not owner_name:
+    if not owner_name or namespace is None:   # every child is namespaced
         return None
     owner = memo.reconciler.kube.get(naming.API_VERSION, naming.KIND, namespace, owner_name)
     if owner is None:
@@ -52,7 +52,7 @@ def _owner(body: kopf.Body, namespace: str, memo: Any) -> dict[str, Any] | None:
 
 
 async def _resync_forever(reconciler: Any, interval_s: float, namespaces: list[str],
-                          logger: logging.Logger) -> None:
+                          logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
@@ -84,7 +84,7 @@ def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] 
     # The resync is a plain background task, not a kopf timer: kopf puts a finalizer on every
     # object with a timer, and then deleting an LLMService hangs whenever the operator is down.
     @kopf.on.startup(registry=registry)
-    async def start_resync(memo: Any, logger: logging.Logger, **_: Any) -> None:
+    async def start_resync(memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
         memo.resync_task = asyncio.create_task(
             _resync_forever(memo.reconciler, resync_interval_s, list(namespaces), logger), name="resync")
 
@@ -99,10 +99,11 @@ def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] 
     for group, version, plural, kind in CHILD_RESOURCES:
         api_version = f"{group}/{version}" if group else version
 
-        @kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"child-{plural}",
+        # type: ignore: kopf's WatchingFn gives `param` a default; this handler is always registered with one
+        @kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"child-{plural}",  # type: ignore[arg-type]
                        param=(api_version, kind))
-        def child_changed(body: kopf.Body, type: str | None, namespace: str, param: tuple[str, str],
-                          memo: Any, **_: Any) -> None:
+        def child_changed(body: kopf.Body, type: str, namespace: str | None,  # noqa: A002  (kopf passes `type`)
+                          param: tuple[str, str], memo: Any, **_: Any) -> None:
             owner = _owner(body, namespace, memo)
             if owner is None:
                 return
@@ -113,9 +114,9 @@ def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] 
 
     @kopf.on.event("", "v1", "pods", labels={**MANAGED, "app.kubernetes.io/component": "engine"},
                    registry=registry)
-    def engine_pod_changed(body: kopf.Body, namespace: str, memo: Any, **_: Any) -> None:
+    def engine_pod_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
         owner_name = body.metadata.labels.get(naming.OWNER_LABEL)
-        if not owner_name:
+        if not owner_name or namespace is None:
             return
         owner = memo.reconciler.kube.get(naming.API_VERSION, naming.KIND, namespace, owner_name)
         if owner is not None and not owner["metadata"].get("deletionTimestamp"):

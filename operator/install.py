@@ -24,8 +24,8 @@ CHILD_VERBS = ("get", "list", "watch", "create", "patch")
 
 # (apiGroup, resource, verbs) the operator itself uses; see handlers.py and kube.py.
 OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (naming.GROUP, "llmservices", ("get", "list", "watch", "patch")),   # kopf: watch, finalizers, annotations
-    (naming.GROUP, "llmservices/status", ("get", "patch")),
+    (naming.GROUP, naming.PLURAL, ("get", "list", "watch", "patch")),   # kopf: watch, finalizers, annotations
+    (naming.GROUP, f"{naming.PLURAL}/status", ("get", "patch")),
     ("apps", "deployments", CHILD_VERBS),
     ("", "services", CHILD_VERBS),
     ("", "serviceaccounts", CHILD_VERBS),

@@ -19,12 +19,9 @@ from pagedkube import __version__
 from pagedkube.defaults import default_of
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.gateway.config import GatewayConfig
+# The resource's coordinates, defined once for the operator and the gateway's autoscaler alike.
+from pagedkube.llmservice import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION  # noqa: F401
 
-GROUP = "pagedkube.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "LLMService"
-PLURAL = "llmservices"
 FIELD_MANAGER = "pagedkube-operator"
 MANAGED_BY = "pagedkube-operator"
 OWNER_LABEL = "pagedkube.io/llmservice"

@@ -22,7 +22,7 @@ from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.tool_parsers import PARSER_NAMES as TOOL_CALL_PARSERS
 from pagedkube.gateway.autoscaler import policy as autoscale
 from pagedkube.gateway.config import GatewayConfig
-from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND  # noqa: F401  (the CRD default)
+from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 
 # Defaults shared with crd.py. Each says where its number comes from.
@@ -97,11 +97,8 @@ class ModelSource:
 
 
 @dataclass(frozen=True, slots=True)
-class Autoscaling:
+class Autoscaling(autoscale.AutoscaleBounds):
     enabled: bool = False
-    min_replicas: int = DEFAULT_MIN_REPLICAS
-    max_replicas: int = DEFAULT_MAX_REPLICAS
-    target_queue_depth: float = DEFAULT_TARGET_QUEUE_DEPTH
     scale_up_window_s: int = DEFAULT_SCALE_UP_WINDOW_S
     scale_down_window_s: int = DEFAULT_SCALE_DOWN_WINDOW_S
 
@@ -235,10 +232,7 @@ def _autoscaling(d: Mapping[str, Any]) -> Autoscaling:
         scale_down_window_s=_int(d, "scaleDownWindowSeconds", DEFAULT_SCALE_DOWN_WINDOW_S,
                                  "spec.autoscaling.scaleDownWindowSeconds", low=0),
     )
-    if a.min_replicas > a.max_replicas:
-        raise ValueError(f"spec.autoscaling.minReplicas {a.min_replicas} exceeds maxReplicas {a.max_replicas}")
-    if a.target_queue_depth <= 0:
-        raise ValueError(f"spec.autoscaling.targetQueueDepth must be > 0, got {a.target_queue_depth}")
+    autoscale.check_bounds(a.min_replicas, a.max_replicas, a.target_queue_depth, autoscale.SPEC_NAMES)
     return a
 
 

@@ -88,7 +88,7 @@ def _keep_transition_times(new: list[dict[str, Any]], old: Iterable[Mapping[str,
     for cond in new:
         prev = previous.get(cond["type"])
         same = prev is not None and prev.get("status") == cond["status"] and prev.get("lastTransitionTime")
-        cond["lastTransitionTime"] = prev["lastTransitionTime"] if same else now
+        cond["lastTransitionTime"] = prev["lastTransitionTime"] if prev is not None and same else now
 
 
 def compute_status(*, name: str, namespace: str, generation: int, desired_replicas: int,

@@ -1,9 +1,26 @@
 """pagedkube: Kubernetes-native LLM serving.
 
-The root package holds only torch-free code shared by the parts: the CLI, the
-chained block hashing that the engine and the gateway must agree on, and the
-tokenizer wrapper. The parts live in pagedkube.engine, pagedkube.gateway and
-pagedkube.operator (folders engine/, gateway/ and operator/ in the repository).
+The root package holds only torch-free code shared by the parts. The parts live in
+pagedkube.engine, pagedkube.gateway and pagedkube.operator (folders engine/, gateway/
+and operator/ in the repository; docs/design.md "Layout").
+
+    cli.py             the `pagedkube` command line
+    __main__.py        `python -m pagedkube`
+    hashing.py         chained block hashes: the engine and the gateway must agree
+    tokenizer.py       tokenizer and chat template as Hugging Face renders them
+    piece_cache.py     tokenization with a cache of the text between added tokens
+    model_source.py    what a --model value names
+    openai_errors.py   OpenAI's error shape and our codes (engine and gateway)
+    llmservice.py      the LLMService's group, version, kind, plural (operator and autoscaler)
+    defaults.py        default_of(Config, "field"): flag defaults read from the config dataclasses
+    http_limits.py     BodyLimits: body size and read deadline (engine and gateway)
+    access_log.py      the request id and the access-log line
+    observability.py   --access-log, --otlp-traces-endpoint
+    tracing.py         OpenTelemetry spans, optional
+    response_status.py how an ASGI response ended, for middlewares
+    kube_call.py       one raw Kubernetes API call
+    parent_death.py    a child process dies with its parent
+    builtin/           the 4 MB toy model, builtin://tiny
 """
 
 __version__ = "0.1.0"

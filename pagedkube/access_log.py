@@ -111,7 +111,7 @@ class AccessLog:
         if self.enabled and self.logger.isEnabledFor(logging.INFO):
             try:
                 line = self.format(record)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self.logger.exception("access log: cannot format %r", type(record).__name__)
                 return
             self.logger.info("%s", line)

@@ -9,7 +9,7 @@ with h_{-1} = sha256("pagedkube-root\\0" || seed). `extra_0` carries the cache s
 inherit the difference through the chain. The encoding is canonical (fixed-width
 little-endian integers with explicit lengths), so two processes, two machines or a
 gateway and an engine always compute the same bytes: no Python `hash()`, no pickle,
-no PYTHONHASHSEED (PITFALLS.md: "Hash collisions are data leaks", "hash seed mismatches").
+no PYTHONHASHSEED (docs/design.md, pitfall "Hash collisions are data leaks", "hash seed mismatches").
 
 This module is torch-free and import-light: the gateway image uses it.
 """

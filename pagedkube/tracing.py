@@ -29,7 +29,7 @@ class Tracing:
     def __init__(self, service_name: str, endpoint: str | None = None, exporter: Any = None):
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
             from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         except ImportError as e:
@@ -40,7 +40,7 @@ class Tracing:
             except ImportError as e:
                 raise RuntimeError(_NEEDS_OTEL.format(e)) from None
             exporter = OTLPSpanExporter(endpoint=endpoint)
-            processor = BatchSpanProcessor(exporter)   # OTEL_BSP_* environment variables tune it
+            processor: SpanProcessor = BatchSpanProcessor(exporter)   # OTEL_BSP_* environment variables tune it
         else:
             processor = SimpleSpanProcessor(exporter)  # tests: spans visible as soon as they end
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))

@@ -1,4 +1,4 @@
-"""Builds the built-in tiny model (DESIGN.md §3) into pagedkube/builtin/tiny/.
+"""Builds the built-in tiny model (docs/design.md "Models") into pagedkube/builtin/tiny/.
 
     python scripts/make_tiny_model.py            # rebuild the committed model
     python scripts/make_tiny_model.py --check    # rebuild into a temp dir, compare sha256

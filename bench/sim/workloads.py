@@ -1,6 +1,6 @@
 """Seeded token-level workloads for the fleet simulator.
 
-A session is a head (what DESIGN §6 keys the ring on: for a chat, the
+A session is a head (what docs/design.md "Gateway" keys the ring on: for a chat, the
 conversation up to its first user message) and turns; turn k's prompt is the
 head's shared part, then every earlier user message and answer, then user
 message k, so each turn extends the previous turn's prompt and answer, as a

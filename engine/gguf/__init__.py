@@ -4,4 +4,5 @@
     config.py    metadata -> config.json, as transformers maps it
     prepare.py   config and tokenizer as Hugging Face files, cached by the file's sha256
     weights.py   tensor names and llama's q/k row order -> Hugging Face's
+    packing.py   GGUF's quantized blocks kept packed for QuantLinear (engine/quant/)
 """

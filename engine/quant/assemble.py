@@ -59,8 +59,9 @@ class ProjectionWeights:
         values = [v for _, v, _ in pieces]
         stored = sorted({s for _, _, s in pieces})
         weight: torch.Tensor | QuantizedWeight | None = None
-        if self.method == "gguf" and all(not isinstance(v, torch.Tensor) for v in values):
-            weight = concat_rows(values)
+        quantized = [v for v in values if not isinstance(v, torch.Tensor)]
+        if self.method == "gguf" and len(quantized) == len(values):
+            weight = concat_rows(quantized)
             if weight is None:
                 self.dequantized.update(s for _, _, s in pieces)
         if weight is None:
@@ -68,6 +69,7 @@ class ProjectionWeights:
             weight = dense if self.method == "gguf" else quantize(dense, self.method)
         source = "+".join(stored) if self.method == "gguf" else f"{self.method} from {'+'.join(stored)}"
         layer.set_weight(weight, self.dtype, self.device, source)
+        assert layer.kernel is not None     # set_weight chose it
         self.kernels[layer.kernel.name] += 1
         self.done.add(name)
 

@@ -62,5 +62,6 @@ def concat_rows(pieces: list[QuantizedWeight]) -> QuantizedWeight | None:
     if isinstance(first, Int8Weight):
         return Int8Weight(qweight=torch.cat([p.qweight for p in pieces]),
                           scales=torch.cat([p.scales for p in pieces]), group_size=first.group_size)
-    return Int4Weight(qweight=torch.cat([p.qweight for p in pieces]), scales=torch.cat([p.scales for p in pieces]),
-                      mins=torch.cat([p.mins for p in pieces]), group_size=first.group_size)
+    int4 = [p for p in pieces if isinstance(p, Int4Weight)]   # all of them: they share first's type
+    return Int4Weight(qweight=torch.cat([p.qweight for p in int4]), scales=torch.cat([p.scales for p in int4]),
+                      mins=torch.cat([p.mins for p in int4]), group_size=first.group_size)

@@ -1,8 +1,10 @@
-"""The engine server, `pagedkube serve` (DESIGN.md §5): an OpenAI-compatible API
+"""The engine server, `pagedkube serve` (docs/design.md "Engine server"): an OpenAI-compatible API
 over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
 
     config.py         ServerConfig
     app.py            create_app(config) -> FastAPI; health, ready, metrics, API key
+    state.py          ServerState: what one app's handlers share (app.state.server)
+    errors.py         APIError and its FastAPI handlers (the shape: pagedkube/openai_errors.py)
     engine_client.py  EngineClient, the protocol the server depends on; EngineInfo
     core_client.py    EngineCoreClient: drives the engine core over a pipe (two threads)
     engine_core.py    the engine core (own process, or a thread): owns the LLMEngine
@@ -18,6 +20,9 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize
     cache_feed.py     /v1/cache/config, /v1/cache/events, /v1/cache/tokenizer
     metrics.py        vLLM's metric names and buckets
+    http_counting.py  every HTTP response counted once, by route and status
+    access_log.py     the access-log line and spans of each completion request
     draining.py       SIGTERM drain
+    engine_flags.py   the engine's flags, shared by `serve` and `pagedkube up`
     serve_cli.py      the `serve` subcommand (torch-free at import)
 """

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedkube.access_log import REQUEST_ID_HEADER, SCOPE_KEY, AccessLog, ensure_request_id, seconds, set_response_header
 from pagedkube.tracing import Tracing
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from pagedkube.engine.outputs import RequestDelta
+    from pagedkube.engine.server.serving import Generation
 
 LOGGER = "pagedkube.engine.access"
 PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -47,7 +53,7 @@ class EngineAccess:
     _finished: float | None = None
 
 
-def observe_generation(request: Any, gen: Any) -> None:
+def observe_generation(request: Request, gen: Generation) -> None:
     """_respond's hook, before gen.start(): follow the deltas of this generation.
 
     The deltas go to the streaming and the collecting paths through gen.updates();
@@ -63,7 +69,7 @@ def observe_generation(request: Any, gen: Any) -> None:
     cached: dict[int, int] = {}
     reasons: set[str] = set()
 
-    def note(prompt_idx: int, delta: Any) -> None:
+    def note(prompt_idx: int, delta: RequestDelta) -> None:
         now = time.monotonic()
         scheduled = delta.first_scheduled_time
         if scheduled is not None and (record._scheduled is None or scheduled < record._scheduled):
@@ -71,7 +77,7 @@ def observe_generation(request: Any, gen: Any) -> None:
         new_tokens = sum(len(s.token_ids) for s in delta.samples)
         if new_tokens and record._first_token is None:
             record._first_token = now
-        record.completion_tokens += new_tokens
+        record.completion_tokens = (record.completion_tokens or 0) + new_tokens
         reasons.update(s.finish_reason for s in delta.samples if s.finish_reason)
         record.finish_reason = ",".join(sorted(reasons)) or None
         cached[prompt_idx] = delta.num_cached_tokens or 0
@@ -111,10 +117,10 @@ class EngineAccessMiddleware:
             record.total_s = seconds(record._arrival, end)
             self.access_log.emit(record)
             if self.tracing is not None:
-                self._spans(scope, record, end)
+                self._spans(self.tracing, scope, record, end)
 
-    def _spans(self, scope: Scope, record: EngineAccess, end: float) -> None:
-        tracing = self.tracing
+    @staticmethod
+    def _spans(tracing: Tracing, scope: Scope, record: EngineAccess, end: float) -> None:
         root = tracing.start("engine.request", tracing.extract(scope.get("headers") or []), record._arrival,
                              server=True, attributes={"pagedkube.request_id": record.request_id,
                                                       "pagedkube.completion_id": record.completion_id,

@@ -15,9 +15,9 @@ import functools
 import hmac
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -25,15 +25,21 @@ from pagedkube.access_log import AccessLog
 from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.core_client import EngineCoreClient
-from pagedkube.engine.server.errors import APIError, error_body, install_error_handlers
+from pagedkube.engine.server.engine_core import EngineFactory
+from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
 from pagedkube.engine.server.tool_parsers import resolve as resolve_tool_parser
 from pagedkube.http_limits import BodyLimits
+from pagedkube.openai_errors import DRAINING, ENGINE_UNHEALTHY, INVALID_API_KEY, NOT_READY, error_body
 from pagedkube.tracing import build_tracing
+
+if TYPE_CHECKING:
+    from pagedkube.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +50,12 @@ OPEN_PATHS = ("/health", "/ready", "/metrics")
 PREPARE_WORKERS = 2
 
 
-def build_engine(engine_config: Any, kv_event_sink: Any = None) -> Any:
+def build_engine(engine_config: EngineConfig, kv_event_sink: Callable[[str, list[bytes]], None] | None = None) -> LLMEngine:
     from pagedkube.engine.llm_engine import LLMEngine
     return LLMEngine(engine_config, kv_event_sink=kv_event_sink)
 
 
-def default_engine_factory(config: ServerConfig) -> Callable[[], Any]:
+def default_engine_factory(config: ServerConfig) -> EngineFactory:
     """A picklable factory: the engine-core process gets it through multiprocessing's spawn."""
     return functools.partial(build_engine, config.engine)
 
@@ -69,19 +75,19 @@ class APIKeyMiddleware:
         if hmac.compare_digest(given, self.expected):
             return await self.app(scope, receive, send)
         response = JSONResponse(error_body(401, "Incorrect API key provided (expected `Authorization: Bearer KEY`)",
-                                           code="invalid_api_key"), status_code=401,
+                                           code=INVALID_API_KEY), status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 
-def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = None) -> FastAPI:
+def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None) -> FastAPI:
     factory = engine_factory or default_engine_factory(config)
-    state = ServerState(config=config, engine=None)
-    state.workers = concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare")
     # The engine steps in its own process by default (no GIL shared with the HTTP event
     # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
-    state.engine = EngineCoreClient(factory, in_process=config.engine_in_process,
-                                    heartbeat_timeout=config.heartbeat_timeout, on_fatal=state.fatal)
+    engine = EngineCoreClient(factory, in_process=config.engine_in_process,
+                              heartbeat_timeout=config.heartbeat_timeout, on_fatal=lambda: state.fatal())
+    state = ServerState(config=config, engine=engine,
+                        workers=concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare"))
     tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)
 
     @asynccontextmanager
@@ -116,7 +122,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     # the API key checked before a byte of body is read; the body's size and read
     # deadline bounded before the app parses it.
     app.add_middleware(BodyLimits, max_bytes=config.max_body_bytes, read_timeout_s=config.body_read_timeout,
-                       error=lambda status, message, code: error_body(status, message, code=code))
+                       error=error_body)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     app.add_middleware(EngineAccessMiddleware, access_log=AccessLog(ACCESS_LOGGER, config.observability.access_log),
@@ -129,9 +135,9 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
     @app.get("/health")
     async def health() -> Response:
         """Liveness: the engine core runs, answers within its heartbeat timeout, and its steps succeed."""
-        if state.info is not None and not (state.engine.running and state.engine.healthy):
+        if state.loaded and not (state.engine.running and state.engine.healthy):
             reason = "is not running" if not state.engine.running else "is not responding or its steps fail"
-            return JSONResponse(error_body(500, f"the engine core {reason}", code="engine_unhealthy"),
+            return JSONResponse(error_body(500, f"the engine core {reason}", code=ENGINE_UNHEALTHY),
                                 status_code=500)
         return JSONResponse({"status": "ok"})
 
@@ -140,8 +146,8 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         """Readiness: the engine is loaded and the server is not draining."""
         if state.ready:
             return JSONResponse({"status": "ready"})
-        reason = "draining" if state.draining else "not ready"
-        return JSONResponse(error_body(503, f"the server is {reason}", code=reason.replace(" ", "_")),
+        reason, code = ("draining", DRAINING) if state.draining else ("not ready", NOT_READY)
+        return JSONResponse(error_body(503, f"the server is {reason}", code),
                             status_code=503, headers={"Retry-After": "1"})
 
     @app.get("/metrics")

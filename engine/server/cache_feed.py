@@ -1,4 +1,4 @@
-"""The cache feed the gateway follows (DESIGN.md §5, docs/interfaces.md).
+"""The cache feed the gateway follows (docs/design.md "Engine server", docs/interfaces.md).
 
     GET /v1/cache/config              block size, hash algorithm and seed, engine_id
     GET /v1/cache/events?after=SEQ[&wait=S]
@@ -24,6 +24,7 @@ from fastapi import APIRouter, Query, Request
 from pagedkube import hashing
 from pagedkube.engine.server.errors import APIError
 from pagedkube.engine.server.state import ServerState
+from pagedkube.openai_errors import NO_TOKENIZER
 
 router = APIRouter()
 
@@ -65,9 +66,8 @@ class FeedWaiters:
 
 
 def _state(request: Request) -> ServerState:
+    """The app's state; its `info` answers 503 `not_ready` until the engine is loaded."""
     state: ServerState = request.app.state.server
-    if state.info is None:
-        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
     return state
 
 
@@ -82,7 +82,7 @@ async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le
                        wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> dict:
     state = _state(request)
     log = state.info.kv_events
-    if wait > 0 and not state.draining:
+    if wait > 0 and not state.draining and state.feed_waiters is not None:
         await state.feed_waiters.wait_after(log, after, wait)
     return log.events_after(after)
 
@@ -90,4 +90,7 @@ async def cache_events(request: Request, after: int = Query(0, ge=-(2 ** 63), le
 @router.get("/v1/cache/tokenizer")
 async def cache_tokenizer(request: Request) -> dict:
     state = _state(request)
-    return {"files": dict(state.info.tokenizer.files)}
+    tokenizer = state.info.tokenizer
+    if tokenizer is None:
+        raise APIError(404, "this model has no tokenizer.json to serve", code=NO_TOKENIZER)
+    return {"files": dict(tokenizer.files)}

@@ -57,7 +57,7 @@ def _sources(req: CompletionRequest | ChatCompletionRequest) -> list[tuple[str, 
         if value is not None:
             sources.append((name, lambda make=make, value=value: make(value)))
     if isinstance(req, ChatCompletionRequest) and req.tools:
-        choice, tools = req.effective_tool_choice, req.tool_definitions
+        choice, tools = req.effective_tool_choice, req.tool_definitions or []
         if choice not in ("none", "auto"):
             sources.append(("tool_choice", lambda: forced_tool_constraint(tools, choice, req.parallel_tool_calls)))
     return sources

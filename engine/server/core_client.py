@@ -8,7 +8,7 @@ The event loop never touches the pipe. Both threads block on it, so the pipe
 stays in blocking mode: a half-arrived message is waited for, never mistaken
 for the core's death. (Watching the descriptor with loop.add_reader made it
 non-blocking under uvloop, and Connection.recv() then raised BlockingIOError
-mid-message: the engine wedged under 256 clients. PITFALLS.md.)
+mid-message: the engine wedged under 256 clients. docs/design.md "Pitfalls".)
 
 Back-pressure, not buffers: the reader hands a message to the loop only while
 fewer than MAX_UNDELIVERED wait there; otherwise it stops reading, the pipe
@@ -31,7 +31,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, Callable
 
 from pagedkube.engine.kv_events import KVEventLog
 from pagedkube.engine.server.core_messages import (AbortRequests, AddRequests, CoreReady, NewRequest, Shutdown,
@@ -40,6 +42,11 @@ from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.engine_core import EngineFactory, run_engine_core, serve_core
 from pagedkube.engine.server.errors import APIError
 from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+from pagedkube.openai_errors import ENGINE_DEAD, QUEUE_FULL, SHUTTING_DOWN
+
+if TYPE_CHECKING:
+    from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.server.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +61,14 @@ class _Tracked:
     num_prompt_tokens: int
     first_scheduled: float | None = None
     last_token_time: float | None = None
-    reasons: set = field(default_factory=set)
+    reasons: set[str] = field(default_factory=set)
 
 
 class _CoreThread(threading.Thread):
     """--engine-in-process: the same core loop in a thread; closes its pipe end when done
     so that the reader sees EOF exactly as it would for a process."""
 
-    def __init__(self, conn: Any, factory: EngineFactory):
+    def __init__(self, conn: Connection, factory: EngineFactory):
         super().__init__(name="engine-core", daemon=True)
         self.conn, self.factory = conn, factory
         self.exitcode: int | None = None
@@ -84,15 +91,15 @@ class EngineCoreClient:
         self._in_process = in_process
         self.heartbeat_timeout = heartbeat_timeout
         self.on_fatal = on_fatal
-        self.metrics: Any = None
+        self.metrics: EngineMetrics | None = None
         self.info: EngineInfo | None = None
-        self._worker: Any = None
-        self._conn: Any = None
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: _CoreThread | BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._outbox: queue.SimpleQueue[AddRequests | AbortRequests | Shutdown | None] = queue.SimpleQueue()
         self._undelivered = threading.Semaphore(MAX_UNDELIVERED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tracked: dict[str, _Tracked] = {}
-        self._stats: Any = None
+        self._stats: EngineStats | None = None
         self._pending_seqs = 0
         self._core_healthy = True
         self._last_heard = time.monotonic()
@@ -106,21 +113,23 @@ class EngineCoreClient:
         self._loop = asyncio.get_running_loop()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
+        worker: _CoreThread | BaseProcess
         if self._in_process:
-            self._worker = _CoreThread(child, self._factory)
-            self._worker.start()
+            worker = _CoreThread(child, self._factory)
+            worker.start()
         else:
-            self._worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
-                                       args=(child, self._factory, os.getpid(), logging.getLogger().level))
-            self._worker.start()
+            worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
+                                 args=(child, self._factory, os.getpid(), logging.getLogger().level))
+            worker.start()
             child.close()
+        self._worker = worker
         try:
             first = await self._loop.run_in_executor(None, self._conn.recv)
         except (EOFError, OSError):
             first = None
         if not isinstance(first, CoreReady):
-            self._worker.join(5)
-            reason = getattr(first, "message", None) or f"the engine core exited with {self._worker.exitcode}"
+            worker.join(5)
+            reason = getattr(first, "message", None) or f"the engine core exited with {worker.exitcode}"
             raise RuntimeError(f"building the engine failed: {reason}")
         facts = first.facts
         from pagedkube.tokenizer import Tokenizer
@@ -159,12 +168,12 @@ class EngineCoreClient:
                      max_waiting: int | None = None) -> None:
         if self._stop or self._dead:
             raise APIError(503, "the engine is shutting down" if self._stop else "the engine is not running",
-                           code="shutting_down" if self._stop else "engine_dead", headers={"Retry-After": "1"})
+                           code=SHUTTING_DOWN if self._stop else ENGINE_DEAD, headers={"Retry-After": "1"})
         num_seqs = sum(r.params.n for r in requests)
         waiting = self._pending_seqs + (self._stats.num_waiting if self._stats is not None else 0)
         if max_waiting is not None and waiting + num_seqs > max_waiting:
             raise APIError(503, f"the waiting queue is full ({waiting} sequences waiting, this request adds "
-                           f"{num_seqs}, limit {max_waiting}); retry later", code="queue_full",
+                           f"{num_seqs}, limit {max_waiting}); retry later", code=QUEUE_FULL,
                            headers={"Retry-After": "1"})
         now = time.monotonic()
         for r in requests:
@@ -186,21 +195,25 @@ class EngineCoreClient:
     def abort_all(self) -> None:
         self.abort(list(self._tracked))
 
-    def stats(self) -> tuple[Any, int]:
+    def stats(self) -> tuple[EngineStats | None, int]:
         return self._stats, self._pending_seqs
 
     # ---- the pipe (threads) ----
     def _send_loop(self) -> None:
+        conn = self._conn
+        assert conn is not None   # started after start() opened the pipe
         while (op := self._outbox.get()) is not None:
             try:
-                self._conn.send(op)
+                conn.send(op)
             except (OSError, ValueError):   # the core is gone; the reader reports it
                 return
 
     def _read_loop(self) -> None:
+        conn = self._conn
+        assert conn is not None   # started after start() opened the pipe
         while True:
             try:
-                msg = self._conn.recv()
+                msg = conn.recv()
             except (EOFError, OSError):
                 self._call_soon(self._on_core_exit)
                 return
@@ -209,7 +222,8 @@ class EngineCoreClient:
             if not self._call_soon(self._on_message, msg):
                 return
 
-    def _call_soon(self, fn: Callable, *args: Any) -> bool:
+    def _call_soon(self, fn: Callable[..., None], *args: Any) -> bool:
+        assert self._loop is not None   # the threads that call this start after start() set it
         try:
             self._loop.call_soon_threadsafe(fn, *args)
             return True
@@ -224,6 +238,7 @@ class EngineCoreClient:
             self._undelivered.release()
 
     def _apply(self, msg: StepMessage) -> None:
+        assert self.info is not None    # messages are read only after start() set it
         for event in msg.kv_events:
             self.info.kv_events.record(event.type, event.block_hashes)
         self._stats = msg.stats
@@ -258,8 +273,8 @@ class EngineCoreClient:
 
     def _on_core_exit(self) -> None:
         self._dead = True
-        error = (APIError(503, "the engine is shutting down", code="shutting_down") if self._stop
-                 else APIError(500, "the engine-core process died", code="engine_dead"))
+        error = (APIError(503, "the engine is shutting down", code=SHUTTING_DOWN) if self._stop
+                 else APIError(500, "the engine-core process died", code=ENGINE_DEAD))
         for request_id, tracked in self._tracked.items():
             tracked.stream.put(StreamError(request_id, error))
         self._tracked.clear()

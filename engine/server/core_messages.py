@@ -17,9 +17,13 @@ O(batch x new tokens). They are pickled: measured in docs/benchmarks.md
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedkube.engine.outputs import RequestDelta
+
+if TYPE_CHECKING:   # annotations only: the HTTP side needs neither module to build or read a message
+    from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.sampling_params import SamplingParams
 
 # The core speaks at least this often while idle, so the HTTP side can tell a live
 # core from a hung one (core_client.HEARTBEAT_TIMEOUT_S).
@@ -30,7 +34,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 class NewRequest:
     request_id: str
     prompt_token_ids: list[int]
-    params: Any                 # SamplingParams
+    params: SamplingParams
     cache_salt: str | None = None
     group: str | None = None    # the fairness group: one HTTP request's prompts share it
 
@@ -53,7 +57,7 @@ class Shutdown:
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
     """What the HTTP process needs to know about the engine, sent once after it is built."""
-    tokenizer_files: dict | None
+    tokenizer_files: dict[str, str] | None   # file name -> text (pagedkube.tokenizer.Tokenizer's input)
     vocab_size: int
     model_name: str
     max_model_len: int
@@ -61,7 +65,7 @@ class EngineFacts:
     hash_seed: str
     num_kv_blocks: int
     eos_token_ids: list[int]
-    stats: Any                  # EngineStats
+    stats: EngineStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,7 @@ class StepMessage:
     errors: list[RequestError] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
     num_adds: int = 0           # sequences (n per request) the core took from the pipe
-    stats: Any = None           # EngineStats after the step
+    stats: EngineStats | None = None    # after the step
     healthy: bool = True        # False after MAX_CONSECUTIVE_STEP_FAILURES failed steps
 
     @property

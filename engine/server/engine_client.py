@@ -8,28 +8,34 @@ object with this shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagedkube.engine.server.core_messages import EngineFacts, NewRequest
 from pagedkube.engine.server.streams import RequestStream
+
+if TYPE_CHECKING:   # annotations only (metrics.py pulls prometheus_client, tokenizer.py tokenizers)
+    from pagedkube.engine.kv_events import KVEventLog
+    from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.server.metrics import EngineMetrics
+    from pagedkube.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo(EngineFacts):
     """What the core reported once it was built (EngineFacts), and what the HTTP side
     made of it: the tokenizer loaded from its files and the cache feed's event log."""
-    tokenizer: Any = None   # pagedkube.tokenizer.Tokenizer, or None for a model without tokenizer.json
-    kv_events: Any = None   # the KVEventLog the cache feed reads (it lives in the HTTP process)
+    tokenizer: Tokenizer | None   # None for a model without tokenizer.json
+    kv_events: KVEventLog         # the log the cache feed reads (it lives in the HTTP process)
 
     @classmethod
-    def from_facts(cls, facts: EngineFacts, tokenizer: Any, kv_events: Any) -> "EngineInfo":
+    def from_facts(cls, facts: EngineFacts, tokenizer: Tokenizer | None, kv_events: KVEventLog) -> EngineInfo:
         return cls(**{f.name: getattr(facts, f.name) for f in fields(EngineFacts)},
                    tokenizer=tokenizer, kv_events=kv_events)
 
 
 class EngineClient(Protocol):
     info: EngineInfo | None
-    metrics: Any
+    metrics: EngineMetrics | None   # set by the app once the model name is known; the client feeds it
 
     async def start(self) -> EngineInfo:
         """Builds the engine; returns once it takes requests (RuntimeError if building failed)."""
@@ -56,5 +62,5 @@ class EngineClient(Protocol):
 
     def abort_all(self) -> None: ...
 
-    def stats(self) -> tuple[Any, int]:
+    def stats(self) -> tuple[EngineStats | None, int]:
         """(EngineStats after the last step, sequences handed over but not yet taken)."""

@@ -18,23 +18,27 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import Any, Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Callable
 
 from pagedkube.parent_death import die_with_parent
 from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
                                                    CoreReady, EngineFacts, KVEvent, RequestError, Shutdown,
                                                    StepMessage)
 
+if TYPE_CHECKING:
+    from pagedkube.engine.llm_engine import LLMEngine
+
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_STEP_FAILURES = 3   # then the engine reports itself unhealthy (/health 500)
 MAX_OPS_PER_STEP = 64               # pipe messages taken between two steps: a flood of adds cannot stall decoding
 
-EngineFactory = Callable[..., Any]   # factory(kv_event_sink=callable) -> LLMEngine
+EngineFactory = Callable[..., "LLMEngine"]   # factory(kv_event_sink=callable) -> LLMEngine
 
 
 class EngineCore:
-    def __init__(self, factory: EngineFactory, conn: Any):
+    def __init__(self, factory: EngineFactory, conn: Connection):
         self.conn = conn
         self.msg = StepMessage()
         self.engine = factory(kv_event_sink=self._record_kv_event)
@@ -77,7 +81,7 @@ class EngineCore:
     def _step(self) -> None:
         try:
             deltas = self.engine.step_deltas()
-        except Exception as exc:  # noqa: BLE001 - one bad step must not kill the server
+        except Exception as exc:  # one bad step must not kill the server
             self.failures += 1
             logger.exception("engine step failed (%d in a row)", self.failures)
             self._fail_all(500, f"engine step failed: {type(exc).__name__}: {exc}")
@@ -99,7 +103,7 @@ class EngineCore:
         self.conn.send(msg)           # blocks while the HTTP process is behind: back-pressure
         self.last_sent = time.monotonic()
 
-    def _apply(self, op: Any) -> None:
+    def _apply(self, op: AddRequests | AbortRequests) -> None:
         if isinstance(op, AddRequests):
             for req in op.requests:
                 self.msg.num_adds += req.params.n
@@ -108,7 +112,7 @@ class EngineCore:
                                             cache_salt=req.cache_salt, group=req.group)
                 except ValueError as exc:
                     self.msg.errors.append(RequestError(req.request_id, 400, str(exc)))
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     logger.exception("add_request(%s) failed", req.request_id)
                     self.msg.errors.append(RequestError(req.request_id, 500, f"{type(exc).__name__}: {exc}"))
                 else:
@@ -125,7 +129,7 @@ class EngineCore:
     def _abort(self, request_id: str) -> None:
         try:
             self.engine.abort_request(request_id)
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.exception("abort_request(%s) failed", request_id)
 
     def _fail_all(self, status: int, message: str) -> None:
@@ -135,12 +139,12 @@ class EngineCore:
         self.live.clear()
 
 
-def serve_core(conn: Any, factory: EngineFactory) -> None:
+def serve_core(conn: Connection, factory: EngineFactory) -> None:
     """Builds the engine, reports CoreReady/CoreFailed, then runs until Shutdown or EOF."""
     try:
         core = EngineCore(factory, conn)
         ready = CoreReady(core.facts())
-    except BaseException as exc:  # noqa: BLE001 - reported to the HTTP process, which fails start-up
+    except BaseException as exc:  # reported to the HTTP process, which fails start-up
         logger.exception("building the engine failed")
         conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))
         return
@@ -151,7 +155,7 @@ def serve_core(conn: Any, factory: EngineFactory) -> None:
         pass
 
 
-def run_engine_core(conn: Any, factory: EngineFactory, parent_pid: int, log_level: int) -> None:
+def run_engine_core(conn: Connection, factory: EngineFactory, parent_pid: int, log_level: int) -> None:
     """The core process's entry point (multiprocessing "spawn" target)."""
     die_with_parent(signal.SIGKILL, parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

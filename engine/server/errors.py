@@ -1,9 +1,9 @@
-"""OpenAI-shaped errors: every failure the server returns is `{"error": {...}}`.
+"""The engine server's errors: `APIError`, raised anywhere, answered OpenAI-shaped.
 
-The official `openai` client reads `message`, `type`, `param` and `code` from this
-object and raises `BadRequestError`, `AuthenticationError`, `NotFoundError`, ...
-by status code. Validation errors name the field in both `param` and `message`,
-so a user sees which argument to fix.
+The shape, the `type` of each status and the codes are pagedkube/openai_errors.py's
+(shared with the gateway). Here: the exception, the FastAPI handlers that answer it,
+and pydantic's validation errors turned into one message that names the field in both
+`param` and `message`, so a user sees which argument to fix.
 """
 from __future__ import annotations
 
@@ -16,27 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pagedkube.openai_errors import error_body, sse_error_event as _sse_event
+
 logger = logging.getLogger(__name__)
-
-# error.code of the 503s an engine answers before a request starts (docs/interfaces.md): it
-# did no work, so a gateway sends the request on to another engine (gateway/proxy.py).
-DRAINING = "draining"     # after SIGTERM: this engine is going away
-NOT_READY = "not_ready"   # not loaded yet, or its core is unhealthy
-
-# HTTP status -> OpenAI error type (the strings OpenAI's API itself returns).
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_exceeded",
-    500: "server_error",
-    503: "service_unavailable",
-}
 
 
 class APIError(Exception):
@@ -56,19 +38,17 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def error_body(status_code: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status_code, "server_error"),
-                      "param": param, "code": code}}
+def body_of(err: APIError) -> dict[str, Any]:
+    return error_body(err.status_code, err.message, err.code, param=err.param)
 
 
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err.status_code, err.message, err.param, err.code),
-                        status_code=err.status_code, headers=err.headers)
+    return JSONResponse(body_of(err), status_code=err.status_code, headers=err.headers)
 
 
 def sse_error_event(err: APIError) -> str:
     """The event a stream sends when it fails after its headers went out."""
-    return f"data: {json.dumps(error_body(err.status_code, err.message, err.param, err.code))}\n\n"
+    return _sse_event(body_of(err))
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

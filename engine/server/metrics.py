@@ -1,6 +1,6 @@
-"""Prometheus metrics with vLLM's names and buckets (DESIGN.md §5).
+"""Prometheus metrics with vLLM's names and buckets (docs/design.md "Engine server").
 
-Names are a contract (PITFALLS.md "Metric renames break dashboards"): dashboards,
+Names are a contract (docs/design.md, pitfall "Metric renames break dashboards"): dashboards,
 KEDA triggers and the Gateway API Inference Extension read them. Every metric is
 labelled `model_name` (the served model name). Each app gets its own
 CollectorRegistry, so two servers in one process never share counters.
@@ -27,7 +27,7 @@ REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort")
 
-# Every name DESIGN.md §5 promises, as they appear in the exposition.
+# Every name docs/design.md "Engine server" promises, as they appear in the exposition.
 METRIC_NAMES = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",

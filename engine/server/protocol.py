@@ -12,7 +12,7 @@ Structured outputs (response_format, structured_outputs, guided_*) become one
 constraint in constraints.py; tools and tool_choice are described in tools.py.
 Fields nobody declared are ignored and reported by `unknown_fields()`; the
 server logs one warning per field name, as vLLM does, so routers and SDKs
-built for vLLM (which add their own fields) work unchanged (PITFALLS.md).
+built for vLLM (which add their own fields) work unchanged (docs/design.md "Pitfalls").
 """
 from __future__ import annotations
 

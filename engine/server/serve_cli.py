@@ -8,32 +8,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import (DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS,
-                                     EngineConfig)
+from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
-from pagedkube.model_source import MODEL_FLAG_HELP
+from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.observability import add_observability_args, observability_from_args
 
 logger = logging.getLogger("pagedkube.serve")
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """'1073741824', '1GiB', '512MiB', '2G' (powers of 1000 without the i) -> bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 2GiB, 512MiB, 1000000)")
-    number, unit, binary = match.groups()
-    base = 1024 if binary else 1000
-    value = int(float(number) * base ** " kmgt".index(unit.lower() or " "))
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return value
 
 
 def _server(name: str) -> Any:
@@ -41,94 +24,33 @@ def _server(name: str) -> Any:
     return default_of(ServerConfig, name)
 
 
-def _engine(name: str) -> Any:
-    return default_of(EngineConfig, name)
-
-
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """"1,2,4,8" -> (1, 2, 4, 8)."""
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,2,4,8, got {text!r}") from None
-
-
-def add_decode_capture_args(p: argparse.ArgumentParser) -> None:
-    """--decode-capture and --decode-capture-sizes (serve and generate)."""
-    p.add_argument("--decode-capture", default=_engine("decode_capture"), choices=DECODE_CAPTURES,
-                   help="run decode-only steps as one captured program per batch bucket: on = torch.compile "
-                        "on CPU (each bucket compiles at start, a minute or more), CUDA graphs on CUDA; "
-                        "off = eager; auto (default) = eager for now: capture is opt-in (docs/engine.md)")
-    p.add_argument("--decode-capture-sizes", type=parse_sizes, default=_engine("decode_capture_sizes"),
-                   help="batch-size buckets to capture, comma-separated (default "
-                        f"{','.join(map(str, _engine('decode_capture_sizes')))}); bigger decode batches run eager")
-
-
-def add_structured_outputs_args(p: argparse.ArgumentParser) -> None:
-    """Structured outputs and tool calling (serve and up): docs/server.md "Structured outputs"."""
-    from pagedkube.engine.server.tool_parsers import PARSER_NAMES
-
-    p.add_argument("--tool-call-parser", default=_server("tool_call_parser"), choices=PARSER_NAMES,
-                   help="reads tool calls out of tool_choice=auto answers: hermes (Qwen2.5/Qwen3), llama3_json, "
-                        "mistral; auto = the one the chat template's format calls for; none = off "
-                        f"(default {_server('tool_call_parser')})")
-    p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="accepted for vLLM compatibility: tool_choice=auto is on whenever a parser is set or detected")
-    p.add_argument("--structured-outputs-backend", default=_engine("structured_outputs_backend"),
-                   choices=STRUCTURED_OUTPUTS_BACKENDS,
-                   help="grammar library for response_format / structured_outputs / guided_* and forced tool "
-                        f"calls: auto = xgrammar (default {_engine('structured_outputs_backend')})")
-    p.add_argument("--grammar-compile-timeout", type=float, default=_engine("grammar_compile_timeout"),
-                   help="seconds a constraint may take to compile before its request fails with 400 "
-                        f"(default {_engine('grammar_compile_timeout'):g})")
-
-
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
-    p.add_argument("--model", default=None, help=MODEL_FLAG_HELP)
-    p.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)")
-    p.add_argument("--host", default=_server("host"))
-    p.add_argument("--port", type=int, default=_server("port"))
-    p.add_argument("--device", default=_engine("device"), choices=DEVICES)
-    p.add_argument("--dtype", default=_engine("dtype"), choices=DTYPES)
-    p.add_argument("--quantization", default=_engine("quantization"), choices=QUANTIZATIONS,
-                   help="weights: auto = a GGUF file's types as stored, a float model as float; none = all dense; "
-                        "int8 / int4 = quantize the projections at load (default auto)")
-    add_decode_capture_args(p)
-    p.add_argument("--block-size", type=int, default=_engine("block_size"))
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool")
-    kv.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="bytes for the KV pool (e.g. 4GiB)")
-    p.add_argument("--max-num-seqs", type=int, default=_engine("max_num_seqs"))
-    p.add_argument("--max-num-batched-tokens", type=int, default=_engine("max_num_batched_tokens"))
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-waiting", type=int, default=_server("max_waiting"),
-                   help="waiting sequences (n x prompts) beyond which new requests get 503 "
-                        f"(default {_server('max_waiting')}: 16 x the default max-num-seqs; -1 = unbounded)")
-    p.add_argument("--max-request-tokens", type=int, default=None,
+    add_engine_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=_server("host"))
+    g.add_argument("--port", type=int, default=_server("port"))
+    g.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
+    g.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
+                   help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
+    g.add_argument("--max-request-tokens", type=int, default=None,
                    help="cap on prompt tokens + n x max_tokens over one request's prompts (400 above; default: none, "
                         "a request is already capped at --max-num-seqs sequences)")
-    p.add_argument("--max-body-bytes", type=parse_bytes, default=_server("max_body_bytes"),
+    g.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    t = p.add_argument_group("tuning (the defaults suit most deployments)")
+    t.add_argument("--max-body-bytes", type=parse_bytes, default=_server("max_body_bytes"),
                    help=f"largest request body; 413 above (default {_server('max_body_bytes') >> 20}MiB)")
-    p.add_argument("--body-read-timeout", type=float, default=_server("body_read_timeout"),
+    t.add_argument("--body-read-timeout", type=float, default=_server("body_read_timeout"),
                    help=f"seconds a client has to send its whole body; 408 after (default {_server('body_read_timeout'):g})")
-    p.add_argument("--heartbeat-timeout", type=float, default=_server("heartbeat_timeout"),
+    t.add_argument("--heartbeat-timeout", type=float, default=_server("heartbeat_timeout"),
                    help="seconds without word from the engine core after which /health fails "
                         f"(default {_server('heartbeat_timeout'):g})")
-    p.add_argument("--api-key", default=os.environ.get("PAGEDKUBE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` (default: $PAGEDKUBE_API_KEY)")
-    p.add_argument("--hash-seed", default=os.environ.get("PAGEDKUBE_HASH_SEED", ""),
-                   help="secret seed of the prefix-cache block hashes (default: $PAGEDKUBE_HASH_SEED, else none)")
-    p.add_argument("--drain-timeout", type=float, default=_server("drain_timeout"),
-                   help=f"seconds in-flight requests may run after SIGTERM (default {_server('drain_timeout'):g})")
-    p.add_argument("--seed", type=int, default=_engine("seed"))
-    add_structured_outputs_args(p)
-    p.add_argument("--engine-in-process", action="store_true",
+    t.add_argument("--engine-in-process", action="store_true",
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
-    p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
+    t.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
                    help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p

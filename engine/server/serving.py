@@ -76,7 +76,7 @@ def _max_tokens(state: ServerState, num_prompt_tokens: int, requested: int | Non
 
 
 def _check_request_size(state: ServerState, prepared: Prepared, prompt_field: str) -> None:
-    """Per-request caps (PITFALLS: admission in the right unit): sequences, and optionally tokens."""
+    """Per-request caps (docs/design.md, pitfall "Admission in the wrong unit"): sequences, and optionally tokens."""
     config = state.config
     max_seqs = config.engine.max_num_seqs
     if prepared.num_seqs > max_seqs:
@@ -194,7 +194,7 @@ def render_chat(state: ServerState, messages: list[dict], add_generation_prompt:
         text = tokenizer_for(state, "messages").render_chat(messages, add_generation_prompt, **(kwargs or {}))
     except APIError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+    except Exception as exc:  # a template error is the request's fault
         raise bad_request(f"messages could not be rendered with the chat template: {exc}", "messages") from exc
     if continue_final_message:
         text = _cut_after_final_message(text, messages[-1]["content"])

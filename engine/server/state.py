@@ -1,36 +1,48 @@
 """What the handlers of one app share (kept on `app.state.server`, never a module global)."""
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
-from pagedkube.engine.server.errors import DRAINING, NOT_READY, APIError
+from pagedkube.engine.server.engine_client import EngineClient, EngineInfo
+from pagedkube.engine.server.errors import APIError
+from pagedkube.openai_errors import DRAINING, MODEL_NOT_FOUND, NOT_READY
 from pagedkube.piece_cache import CachedEncoder
 
+if TYPE_CHECKING:
+    from pagedkube.engine.server.cache_feed import FeedWaiters
+    from pagedkube.engine.server.metrics import EngineMetrics
+    from pagedkube.engine.server.tool_parsers import ToolParser
+
 logger = logging.getLogger("pagedkube.serve")
+
+
+class RequestBody(Protocol):
+    """A parsed request (protocol.py) that kept the names of the fields it ignored."""
+    def unknown_fields(self) -> list[str]: ...
 
 
 @dataclass
 class ServerState:
     config: ServerConfig
-    engine: Any                             # an EngineClient (engine_client.py): EngineCoreClient
+    engine: EngineClient                    # engine_client.py; the app's is a core_client.EngineCoreClient
+    workers: concurrent.futures.Executor    # tokenizes huge prompts off the event loop (serving.prepare)
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # the KV event log's, once built
     created: int = field(default_factory=lambda: int(time.time()))
-    info: EngineInfo | None = None          # set once the engine is built (lifespan start-up)
-    metrics: Any = None                     # EngineMetrics, built with the served model name
+    metrics: EngineMetrics | None = None    # built with the served model name (lifespan start-up)
     model_name: str = ""
     draining: bool = False
     in_flight: int = 0                      # generation requests not yet answered in full
-    feed_waiters: Any = None                # cache_feed.FeedWaiters: wakes cache-feed long-polls
+    feed_waiters: FeedWaiters | None = None  # wakes cache-feed long-polls (lifespan start-up)
     exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
-    stop_server: Any = None                 # set by the HTTP server (draining.py): stops it
-    workers: Any = None                     # concurrent.futures executor for huge prompts (serving.prepare)
-    tool_parser: Any = None                 # ToolParser for tool_choice "auto" (tool_parsers.py), set with info
+    stop_server: Callable[[], None] | None = None   # set by the HTTP server (draining.py): stops it
+    tool_parser: ToolParser | None = None   # for tool_choice "auto" (tool_parsers.py), set with info
+    _info: EngineInfo | None = field(default=None, repr=False)
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
     _warned_fields: set[str] = field(default_factory=set, repr=False)
 
@@ -40,7 +52,23 @@ class ServerState:
         if self.stop_server is not None:
             self.stop_server()
 
-    def warn_unknown_fields(self, body: Any) -> None:
+    @property
+    def loaded(self) -> bool:
+        """The engine is built and has reported its facts (the lifespan's start-up is done)."""
+        return self._info is not None
+
+    @property
+    def info(self) -> EngineInfo:
+        """What the engine reported once built; APIError 503 `not_ready` before that."""
+        if self._info is None:
+            raise APIError(503, "the engine is not ready", code=NOT_READY, headers={"Retry-After": "1"})
+        return self._info
+
+    @info.setter
+    def info(self, info: EngineInfo) -> None:
+        self._info = info
+
+    def warn_unknown_fields(self, body: RequestBody) -> None:
         """One warning per unknown request field name for the life of the server (vLLM does the same)."""
         for name in body.unknown_fields():
             if name not in self._warned_fields:
@@ -51,16 +79,18 @@ class ServerState:
         """Encodes rendered chats, caching each message's tokens (a conversation
         re-sends its history every turn). Only the event loop calls it."""
         if self._chat_encoder is None:
-            self._chat_encoder = CachedEncoder(self.info.tokenizer)
+            tokenizer = self.info.tokenizer
+            assert tokenizer is not None, "callers check for a tokenizer first (serving.tokenizer_for)"
+            self._chat_encoder = CachedEncoder(tokenizer)
         return self._chat_encoder
 
     @property
     def ready(self) -> bool:
-        return self.info is not None and not self.draining and self.engine.running and self.engine.healthy
+        return self.loaded and not self.draining and self.engine.running and self.engine.healthy
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            raise APIError(404, f"The model `{model}` does not exist.", param="model", code=MODEL_NOT_FOUND)
 
     def check_accepting(self) -> None:
         if self.draining:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 @dataclass
@@ -131,8 +131,8 @@ class Llama3JsonParser:
         if not final:
             return ToolParse("")          # a call, or JSON the model answers with: known at the end
         values = _json_sequence(body, ";")
-        calls = [_call(v, "parameters") for v in values or []]
-        if not calls or any(c is None for c in calls):
+        calls = [c for v in values or [] if (c := _call(v, "parameters")) is not None]
+        if not calls or len(calls) != len(values or []):
             return ToolParse(text)
         return ToolParse("", calls)
 
@@ -231,7 +231,8 @@ class NamedParser:
         return ToolParse("", [ParsedCall(self.function, text, bool(text) and json_value_end(text, 0) == len(text))])
 
 
-PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
+PARSERS: dict[str, Callable[[], ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
+                                                "mistral": MistralParser}
 PARSER_NAMES = ("auto", "none") + tuple(PARSERS)
 
 # What in a chat template shows the tool-call format its model was trained on.

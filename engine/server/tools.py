@@ -19,7 +19,7 @@ import secrets
 import string
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from pagedkube.engine.server.errors import bad_request
 from pagedkube.engine.structured.params import StructuredOutputsParams

@@ -88,10 +88,11 @@ def parse(params: StructuredOutputsParams) -> Any:
         if kind == "regex":
             return xgr.Grammar.from_regex(params.regex)
         if kind == "choice":
-            return xgr.Grammar.from_ebnf(choice_grammar(params.choice))
-        if "::=" in params.grammar:
-            return xgr.Grammar.from_ebnf(params.grammar)
-        return xgr.Grammar.from_lark(params.grammar)
+            return xgr.Grammar.from_ebnf(choice_grammar(tuple(params.choice or ())))
+        grammar = params.grammar or ""
+        if "::=" in grammar:
+            return xgr.Grammar.from_ebnf(grammar)
+        return xgr.Grammar.from_lark(grammar)
     except ValueError:
         raise
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError for every malformed input

@@ -136,9 +136,10 @@ def _walk(schema: Any, path: str, problems: list[str]) -> Any:
     if not isinstance(schema, dict):
         return schema
     for key, value in schema.items():
-        check = UNSUPPORTED.get(key, False)
-        if check is not False and (check is None or check(value)):
-            problems.append(f"{path}/{key}")
+        if key in UNSUPPORTED:
+            check = UNSUPPORTED[key]
+            if check is None or check(value):
+                problems.append(f"{path}/{key}")
     out = dict(schema)
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):

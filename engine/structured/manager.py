@@ -58,7 +58,9 @@ class StructuredOutputManager:
     def submit(self, request_id: str, seqs: list[Sequence]) -> bool:
         """True when the grammar is ready and every sequence has its state (queue them now);
         False when the request is parked until poll() hands it back."""
-        future = self.compiler.compile(seqs[0].params.structured_outputs)
+        params = seqs[0].params.structured_outputs
+        assert params is not None, "only constrained requests are submitted"
+        future = self.compiler.compile(params)
         if future.done() and future.exception() is None:
             self._attach(seqs, future.result())
             return True
@@ -84,8 +86,8 @@ class StructuredOutputManager:
                     failed.append((request_id, str(exc)))
             elif parked.compiling_for(now) >= self.compile_timeout:
                 del self._parked[request_id]
-                params = parked.seqs[0].params.structured_outputs
-                failed.append((request_id, f"{params.kind}: the constraint did not compile within "
+                kind = parked.seqs[0].params.structured_outputs.kind  # type: ignore[union-attr]  # parked: constrained
+                failed.append((request_id, f"{kind}: the constraint did not compile within "
                                            f"{self.compile_timeout:g} s"))
         return ready, failed
 
@@ -109,7 +111,9 @@ class StructuredOutputManager:
             self._bitmask = self.compiler.allocate_bitmask(max(len(rows), 8))
         bitmask = self._bitmask[:len(rows)]
         for j, i in enumerate(rows):
-            seqs[i].grammar.fill(bitmask, j)
+            grammar = seqs[i].grammar
+            assert grammar is not None
+            grammar.fill(bitmask, j)
         return bitmask, rows
 
     @staticmethod
@@ -117,6 +121,7 @@ class StructuredOutputManager:
         """Move seq's grammar past its new token; False if the grammar rejects it (it cannot, since
         the token was drawn from the grammar's mask) or has ended (the sequence must stop)."""
         grammar = seq.grammar
+        assert grammar is not None
         return grammar.accept(token_id) and not grammar.terminated
 
     def close(self) -> None:

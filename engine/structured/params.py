@@ -32,7 +32,7 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
-    json: str | dict[str, Any] | None = None
+    json: str | dict[str, Any] | bool | None = None
     regex: str | None = None
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
@@ -78,10 +78,11 @@ class StructuredOutputsParams:
         if kind == "json":
             return json.dumps(self.json, separators=(",", ":"), ensure_ascii=False)
         if kind == "choice":
-            return json.dumps(list(self.choice), ensure_ascii=False)
+            return json.dumps(list(self.choice or ()), ensure_ascii=False)
         if kind == "json_object":
             return ""
-        return getattr(self, kind)
+        text: str = getattr(self, kind)
+        return text
 
     @property
     def key(self) -> tuple[str, str, bool]:

@@ -80,7 +80,7 @@ class Autoscaler:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # an API error must not end autoscaling: try again next tick
+            except Exception as e:  # noqa: BLE001  an API error must not end autoscaling: try again next tick
                 log.warning("autoscaler tick failed: %s", e)
             try:
                 await asyncio.wait_for(self._wake.wait(), self.config.interval)

@@ -24,10 +24,10 @@ from typing import Any, Mapping, Sequence
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.discovery import SERVICE_LABEL, slice_endpoints
 from pagedkube.kube_call import kube_call
+from pagedkube.llmservice import scale_path
 
 log = logging.getLogger("pagedkube.autoscaler")
 
-GROUP, VERSION, PLURAL = "pagedkube.io", "v1alpha1", "llmservices"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MERGE_PATCH = "application/merge-patch+json"
 _INT32_MAX = 2**31 - 1
@@ -95,7 +95,7 @@ class KubeScaleTarget:
         self.llmservice = llmservice
         self.engine_service = engine_service
         self.lease = lease
-        self.scale_path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{llmservice}/scale"
+        self.scale_path = scale_path(namespace, llmservice)
 
     async def is_leader(self) -> bool:
         if self.lease is None:

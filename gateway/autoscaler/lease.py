@@ -116,6 +116,6 @@ class LeaseElector:
                 lease["spec"]["holderIdentity"] = None
                 lease["spec"]["leaseDurationSeconds"] = 1
                 self.api.call("PUT", f"{self.path}/{self.name}", body=lease)
-        except Exception as e:  # shutting down: the lease expires on its own
+        except Exception as e:  # noqa: BLE001  shutting down: the lease expires on its own
             log.warning("releasing lease %s/%s: %s", self.namespace, self.name, e)
         self.is_leader = False

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 DEFAULT_TOLERANCE = 0.1
 DEFAULT_SCALE_UP_WINDOW_S = 0.0
 DEFAULT_SCALE_DOWN_WINDOW_S = 300.0
-DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # DESIGN.md §7 example
+DEFAULT_TARGET_QUEUE_DEPTH = 4.0   # docs/design.md "Defaults"
 DEFAULT_MIN_REPLICAS = 1           # one engine stays warm (0, scale to zero, is opt-in: a cold start costs minutes)
-DEFAULT_MAX_REPLICAS = 4           # DESIGN.md §7 example: a small fleet until the user says more
+DEFAULT_MAX_REPLICAS = 4           # a small fleet until the user says more (docs/design.md "Defaults")
 # HPA syncs every 15 s; queue depth moves faster than CPU, and a scrape is cheap.
 DEFAULT_INTERVAL_S = 5.0
 # Scale from zero: how long a held request may wait for the first engine. A
@@ -43,11 +43,46 @@ DEFAULT_HOLD_TIMEOUT_S = 120.0
 DEFAULT_MAX_HELD = 256              # held requests beyond this get 503 at once
 
 
-@dataclass(slots=True)
-class AutoscalerConfig:
+@dataclass(frozen=True, slots=True)
+class BoundNames:
+    """How an entry point names the three bounds in its error messages."""
+    min_replicas: str
+    max_replicas: str
+    target_queue_depth: str
+
+
+FLAG_NAMES = BoundNames("--min-replicas", "--max-replicas", "--target-queue-depth")
+SPEC_NAMES = BoundNames("spec.autoscaling.minReplicas", "spec.autoscaling.maxReplicas",
+                        "spec.autoscaling.targetQueueDepth")
+
+
+def check_bounds(min_replicas: int, max_replicas: int, target_queue_depth: float,
+                 names: BoundNames = FLAG_NAMES) -> None:
+    """The autoscaling bounds, for every entry point: the gateway's flags (AutoscalerConfig) and
+    the LLMService spec (operator/spec.py). ValueError names the field. The CRD states the
+    same rules as schema minimums and a CEL rule for the API server; tests/operator/test_crd.py
+    checks that the two accept and refuse alike."""
+    if min_replicas < 0:
+        raise ValueError(f"{names.min_replicas} must be >= 0, got {min_replicas}")
+    if max_replicas < 1:
+        raise ValueError(f"{names.max_replicas} must be >= 1, got {max_replicas}")
+    if min_replicas > max_replicas:
+        raise ValueError(f"{names.min_replicas} {min_replicas} exceeds {names.max_replicas} {max_replicas}")
+    if not target_queue_depth > 0:
+        raise ValueError(f"{names.target_queue_depth} must be > 0, got {target_queue_depth}")
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleBounds:
+    """The three bounds every entry point holds and checks alike (check_bounds): the
+    gateway's AutoscalerConfig and the operator's spec.Autoscaling extend it."""
     min_replicas: int = DEFAULT_MIN_REPLICAS
     max_replicas: int = DEFAULT_MAX_REPLICAS
     target_queue_depth: float = DEFAULT_TARGET_QUEUE_DEPTH
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerConfig(AutoscaleBounds):
     scale_up_window: float = DEFAULT_SCALE_UP_WINDOW_S
     scale_down_window: float = DEFAULT_SCALE_DOWN_WINDOW_S
     interval: float = DEFAULT_INTERVAL_S
@@ -56,12 +91,7 @@ class AutoscalerConfig:
     max_held: int = DEFAULT_MAX_HELD
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 0:
-            raise ValueError(f"--min-replicas must be >= 0, got {self.min_replicas}")
-        if self.max_replicas < 1 or self.max_replicas < self.min_replicas:
-            raise ValueError(f"--max-replicas must be >= 1 and >= --min-replicas, got {self.max_replicas}")
-        if not self.target_queue_depth > 0:
-            raise ValueError(f"--target-queue-depth must be > 0, got {self.target_queue_depth}")
+        check_bounds(self.min_replicas, self.max_replicas, self.target_queue_depth)
         if self.scale_up_window < 0 or self.scale_down_window < 0:
             raise ValueError("--scale-up-window and --scale-down-window must be >= 0")
         if not self.interval > 0:

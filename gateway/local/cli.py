@@ -5,40 +5,17 @@ import argparse
 import sys
 
 from pagedkube.access_log import ACCESS_LOG_FORMATS
-from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.defaults import default_of
+from pagedkube.engine.server.engine_flags import add_engine_args, passthrough_argv
+from pagedkube.gateway.autoscaler.flags import add_autoscale_args, autoscaler_config_from_args, hold_timeout_from_args
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
-from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS
-from pagedkube.engine.server.tool_parsers import PARSER_NAMES
 from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
-from pagedkube.model_source import MODEL_FLAG_HELP
 
-# `pagedkube serve` options passed through to every engine, as given.
-ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
-    ("--model", dict(help=MODEL_FLAG_HELP)),
-    ("--served-model-name", dict(help="model name in the API (default: directory name)")),
-    ("--device", dict(choices=DEVICES)),
-    ("--dtype", dict(choices=DTYPES)),
-    ("--quantization", dict(choices=QUANTIZATIONS)),
-    ("--decode-capture", dict(choices=DECODE_CAPTURES)),
-    ("--decode-capture-sizes", dict(help="batch-size buckets to capture, e.g. 1,2,4,8")),
-    ("--block-size", dict(type=int)),
-    ("--num-kv-blocks", dict(type=int)),
-    ("--kv-cache-memory", dict(help="bytes for each engine's KV pool (e.g. 512MiB)")),
-    ("--max-num-seqs", dict(type=int)),
-    ("--max-num-batched-tokens", dict(type=int)),
-    ("--max-model-len", dict(type=int)),
-    ("--max-waiting", dict(type=int)),
-    ("--drain-timeout", dict(type=float)),
-    ("--seed", dict(type=int)),
-    ("--tool-call-parser", dict(choices=PARSER_NAMES, help="hermes, llama3_json, mistral, auto (default) or none")),
-    ("--structured-outputs-backend", dict(choices=STRUCTURED_OUTPUTS_BACKENDS)),
-    ("--grammar-compile-timeout", dict(type=float)),
-    # The gateway in this process takes these two as well (docs/observability.md).
-    ("--access-log", dict(choices=ACCESS_LOG_FORMATS, help="text (default), json or off, for every process")),
-    ("--otlp-traces-endpoint", dict(metavar="URL", help="OTLP/HTTP collector for every process's spans")),
-)
+ENGINE_GROUP = "engine options (passed to every `pagedkube serve`)"
+# `pagedkube up` takes these for every process it starts, the gateway and the engines
+# (docs/observability.md), so they are passed through as well.
+OBSERVABILITY_FLAGS = ("--access-log", "--otlp-traces-endpoint")
 
 
 def _default(name: str):
@@ -59,20 +36,19 @@ def register(subparsers) -> None:
                    help="the gateway adds x-pagedkube-endpoint / x-pagedkube-route to responses (default off)")
     p.add_argument("--hold-timeout", type=float, default=None,
                    help=f"seconds to hold requests while no engine is ready (default 0; {DEFAULT_HOLD_TIMEOUT_S:g} with --autoscale)")
-    engine = p.add_argument_group("engine options (passed to every `pagedkube serve`)")
-    for flag, kwargs in ENGINE_OPTIONS:
-        engine.add_argument(flag, default=None, **kwargs)
+    flags = add_engine_args(p, passthrough=True, title=ENGINE_GROUP)
+    obs = p.add_argument_group("observability (docs/observability.md)")
+    obs.add_argument("--access-log", choices=ACCESS_LOG_FORMATS, default=None,
+                     help="text (default), json or off, for every process")
+    obs.add_argument("--otlp-traces-endpoint", metavar="URL", default=None,
+                     help="OTLP/HTTP collector for every process's spans")
     add_autoscale_args(p, kube=False)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, engine_flags=[*flags, *OBSERVABILITY_FLAGS])
 
 
 def engine_args(args: argparse.Namespace) -> list[str]:
-    out: list[str] = []
-    for flag, _ in ENGINE_OPTIONS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            out += [flag, str(value)]
-    return out
+    """The engine options the user gave, as `pagedkube serve` arguments for every engine."""
+    return passthrough_argv(args, args.engine_flags)
 
 
 def model_name(args: argparse.Namespace) -> str:

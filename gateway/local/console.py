@@ -56,5 +56,5 @@ class ComponentLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.console.log(self.component, self.format(record))
-        except Exception:  # never let logging break the supervisor
+        except Exception:  # noqa: BLE001  never let logging break the supervisor
             self.handleError(record)

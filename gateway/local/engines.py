@@ -23,7 +23,7 @@ The supervisor, not a probe, tells the gateway's EndpointSet what is routable:
 an engine joins as not_ready, turns ready when GET /ready answers 200, turns
 not_ready while /health answers an error (unhealthy) and leaves the set when its
 process exits; it turns terminating *before* it gets SIGTERM, so no new request
-reaches an engine that drains (DESIGN.md §5).
+reaches an engine that drains (docs/design.md "Engine server").
 """
 from __future__ import annotations
 

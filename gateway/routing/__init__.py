@@ -7,6 +7,7 @@
     picker.py        composes them: deepest held prefix within the bound, else the ring
     policies.py      the baselines: round-robin and least-load
     keys.py          a prompt's token ids -> RoutingInput (hashes, ring key, head depth)
+    types.py         RoutingInput, Decision, the reasons and the PrefixSource protocol
 """
 from pagedkube.gateway.routing.types import Decision, Picker, RoutingInput
 

@@ -6,29 +6,11 @@ the request if its load + 1 fits. For c >= 1 the least-loaded endpoint always
 fits (its load <= floor(L / n) < ceil((L + 1) / n)), so a walk never comes back
 empty.
 
-The floor is ours, not the paper's: below it an engine always takes one more.
-At low load ceil(c (L + 1) / n) is 1 or 2, so the bound moved a session off its
-engine because one other session's request was running there, and the move
-re-prefills the session's whole history elsewhere, while batching one more
-decode costs an engine almost nothing. The fleet simulator (bench/simulate.py,
-docs/benchmarks.md "Simulator: routing at fleet scale") measured it: at 16 engines and low load the
-moves cost 3 points of hit rate with no floor; a floor of 4 removed most of them.
-The floor is 8 since a second sweep (4-16) traced the last low-load moves: with
-any-prefix affinity every session of a product goes to the engines holding its
-prompt, so at low load one engine holds a product's ~7 live sessions, and a
-floor of 4 moved the 5th elsewhere at the price of a cold product prompt. On
-the simulator's H100 profile 8 decoding sequences add 0.8 ms to a 10 ms step;
-one such move costs 100-200 ms of prefill. 8 raised every cell of issue 17's
-grid (16 engines, low/high load, 1/2 routers: 0.952/0.948/0.915/0.915 ->
-0.955/0.955/0.923/0.917) and the four-engine calibration workload (0.818 ->
-0.835, mean of 3 seeds), with max/mean over the run at high load 1.54 / 1.45;
-12 and 16 broke the bound (1.8-2.3) and 6 helped less.
-c = 1.25 is the paper's and Vimeo's/HAProxy's usual setting. Ours is 1.5
-(DESIGN.md §6): with chat sessions that keep an engine busy most of the time,
-1.25 moved 12-18% of turns off their engine at 8 sessions per engine and each
-move costs the session's whole history; 1.5 with the head-only affinity rule
-kept 93-95% of the ideal hit rate on four real engines (docs/benchmarks.md
-"Routing"), and the fleet simulator (bench/simulate.py) sweeps it at scale.
+The floor is ours, not the paper's: below it an engine always takes one more,
+because batching one more decode costs it far less than the prefill of moving a
+session elsewhere. Why c = 1.5 and floor = 8 (sweeps of c 1.25-2.0 and floor
+4-16): docs/design.md "Defaults", measured in docs/benchmarks.md "The floor and
+the cold-start key" and "Routing (CPU)".
 """
 from __future__ import annotations
 
@@ -36,7 +18,7 @@ import math
 from typing import Mapping, Sequence
 
 DEFAULT_LOAD_BOUND = 1.5
-DEFAULT_LOAD_FLOOR = 8   # requests an engine always takes (the simulator's sweeps, docstring above)
+DEFAULT_LOAD_FLOOR = 8   # requests an engine always takes (docs/design.md "Defaults")
 
 
 class BoundedLoad:

@@ -1,42 +1,27 @@
 """Blocks this gateway has sent to an engine that its cache feed has not reported yet.
 
-Between the moment the gateway routes a prompt to engine E and the moment E's
-feed reports the prompt's blocks as stored lie E's queue, the prefill and the
-feed's delay (100-200 ms for a 2,000-token product prompt on the simulator's
-H100 profile, seconds on a busy CPU engine). A second session of the same
-product arriving in that window found no holder and went to its own ring
-owner, which paid the prompt again: the one cell of issue 17's grid where
-vLLM's `cache_aware` (whose tree records a prompt when it routes it) won
-(docs/benchmarks.md "Simulator: routing at fleet scale").
-
+Between routing a prompt to engine E and E's feed reporting its blocks lie E's
+queue, the prefill and the feed's delay; a second session of the same product
+arriving then found no holder and paid the prompt again on its own ring owner.
 So the picker also counts, per endpoint, the blocks this gateway routed there
 ("pending") until:
-  * the endpoint's feed reports them stored (PrefixIndex.stored clears them:
-    from then on the feed speaks for them),
-  * `ttl` seconds pass (a request that failed, was aborted or retried elsewhere
-    never reports them; a stale entry only draws a request to where it would
-    pay the same cold prefill anyway, within the load bound),
+  * the endpoint's feed reports them stored (PrefixIndex.stored clears them),
+  * `ttl` seconds pass (a failed, aborted or retried request never reports
+    them; a stale entry only draws a request within the load bound),
   * the endpoint leaves the set or restarts (PrefixIndex.drop / reset),
   * or, past `capacity` blocks for one endpoint, the oldest go first.
 
-Two conditions keep the record from concentrating load (PendingBlocks.counts):
-a pending run draws a request only when it is at least `min_blocks` long (a
-short shared head, such as a chat template and a one-line system prompt, is
-cheap to prefill twice and would otherwise pull every cold first turn to one
-engine), and only to an engine with at most `max_load` requests in this
-gateway's view, the one that left the record (behind a busy engine the second
-session would queue, and at high load spreading a product's first sessions
-over their own ring owners pays later, when the bound moves sessions off the
-product's holders).
+A pending run draws a request only when it is at least `min_blocks` long (a
+short shared head is cheap to prefill twice and would pull every cold first
+turn to one engine) and only to an engine with at most `max_load` requests in
+this gateway's view (PendingBlocks.counts).
 
-It is per-replica state, like the in-flight half of the load: each replica
-knows only what it routed itself, so replicas fed the same feeds and loads
-would no longer choose alike (DESIGN.md §6). So it is on only for a gateway
-that is the fleet's one router, whose record is then complete
-(`pending_ttl_for`: the operator passes `--pending-ttl 0` when
-spec.gateway.replicas > 1, and so must anyone running several gateway
-replicas by hand). Entries are kept in insertion order with one TTL, so they
-also expire in that order and purging is amortised O(1).
+It is per-replica state: replicas fed the same feeds and loads would no longer
+choose alike (docs/design.md "Gateway"), so it is on only for a gateway that is
+the fleet's one router (`pending_ttl_for`: the operator passes `--pending-ttl 0`
+when spec.gateway.replicas > 1). Entries are kept in insertion order with one
+TTL, so they also expire in that order and purging is amortised O(1).
+Measurements behind each default: docs/benchmarks.md "The pending record".
 """
 from __future__ import annotations
 
@@ -44,33 +29,14 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
-# On (a gateway alone in front of its engines). Measured with bench/simulate.py
-# (docs/benchmarks.md "The pending record"): with one router it closes the one
-# cell of issue 17's grid the stateless rule lost to cache_aware (16 engines,
-# low load: 0.9547 -> 0.9584 on seed 0; +0.0021 on average over seeds 0-11 and
-# never below), moves high load by -0.0009 on average (within the seeds'
-# spread; ungated it lost 0.15-1.0 points), and leaves the four-engine
-# calibration workload as it was (ungated: -3.3 points). The TTL only bounds
-# how long the record of a prompt that is never reported (a failed or aborted
-# request) lives: it must exceed the time a prompt normally takes to be
-# reported (on the simulator's H100 profile, 10k prefill tokens/s, a
-# 32k-token prompt prefills in ~3.3 s; the feed adds <= --feed-interval);
-# 0.25 s and 10 s gave the same grid at low load, 0.05 s is too short for a
-# 2,000-token prompt.
+# The gate sweeps and the TTL's range: docs/benchmarks.md "The pending record".
+# The TTL only bounds a record that is never reported; it must exceed a long prompt's
+# prefill plus the feed's delay (a 32k-token prompt: ~3.3 s on an H100).
 DEFAULT_PENDING_TTL_S = 10.0
-# A pending run shorter than this draws nothing: 16 blocks = 256 tokens. On the
-# calibration workload (bench/routing.py's chat template and short system
-# prompts) 4 blocks drew every cold first turn to one engine (-2.2 points);
-# 8 to 64 blocks gave the same grid and calibration (docs/benchmarks.md).
-DEFAULT_PENDING_MIN_BLOCKS = 16
-# Only an engine with at most this many requests (in-flight from this gateway
-# plus its scraped queue) is drawn: the one running the request that left the
-# record. At high load (seeds 0-3) 2 and 3 lost 0.30 and 0.27 points on
-# average where 1 lost 0.03.
-DEFAULT_PENDING_MAX_LOAD = 1
-# Blocks pending per endpoint: 32,768 x 16 tokens = 512K tokens, about what
-# one 80 GB GPU's KV pool holds for an 8B model (prefix_index.py), so more than
-# an engine can be prefilling at once. ~100 bytes an entry: ~3 MB per endpoint.
+DEFAULT_PENDING_MIN_BLOCKS = 16   # 256 tokens: a shorter run (a chat template) would draw every cold first turn
+DEFAULT_PENDING_MAX_LOAD = 1      # only the engine running the request that left the record
+# 32,768 x 16 tokens = 512K tokens, what one 80 GB GPU's KV pool holds for an 8B model
+# (prefix_index.py): more than an engine can be prefilling at once; ~3 MB per endpoint.
 DEFAULT_PENDING_CAPACITY = 32_768
 
 

@@ -1,4 +1,4 @@
-"""The prefix-aware picker (DESIGN.md §6): affinity first, then the bounded-load ring.
+"""The prefix-aware picker (docs/design.md "Gateway"): affinity first, then the bounded-load ring.
 
 1. Among the endpoints holding at least `required_depth` of the prompt's
    leading blocks, the one holding the most, if it is within the load bound;
@@ -7,27 +7,15 @@
 2. Otherwise walk the ring from the key to the first endpoint within the bound
    (its blocks, if it holds a shorter prefix, still count as matched).
 
-The depth a holder needs (`affinity_depth`):
-  0 (the default)  any held prefix: a chat's first turn goes to an engine that
-                   holds its system prompt, ties broken by the session's own
-                   ring walk (its key covers its whole head, keys.py);
-  None ("head")    the request's whole ring-key head (RoutingInput.head_blocks):
-                   a first turn, all head, is drawn by no one and goes to its
-                   ring owner;
-  N                at least min(N, head) blocks.
-DESIGN.md §6 set "head" as the default after four-engine runs where, with a
-16-block ring key, the earlier rule left one engine idle at c = 1.5. The fleet
-simulator overturned it once the key covers the whole head and the bound has a
-floor: "any" kept first turns on engines that already hold their product
-prompt and reached 0.962 of hit rate against 0.942 at 16 engines and low load,
-the same at high load, and 0.829 against 0.807 on the four-engine benchmark's
-workload (docs/benchmarks.md "Simulator: routing at fleet scale").
+The depth a holder needs (`affinity_depth`): 0 (the default) any held prefix,
+so a chat's first turn goes to an engine holding its system prompt; None
+("head") the request's whole ring-key head (RoutingInput.head_blocks); N at
+least min(N, head) blocks. Why 0: docs/design.md "Defaults" (docs/benchmarks.md
+"The ring key, the floor and the affinity rule").
 
-A holder of a shorter prefix than the deepest gets no preference in step 2: in
-a chat, that is an engine holding only the shared system prompt, and
-preferring those would send every moved session of that prompt to them while
-an engine that never got the prompt sat idle (measured: one of four engines
-unused for a whole run at c = 1.5, docs/benchmarks.md "Routing").
+A holder of a shorter prefix than the deepest gets no preference in step 2:
+engines holding only a shared system prompt would draw every moved session of
+that prompt while another engine sat idle (docs/benchmarks.md "Routing (CPU)").
 
 The reason is `affinity` or `ring` when the choice is what an unbounded router
 would have made (the deepest qualifying holder, or the ring owner), `overflow`
@@ -46,9 +34,7 @@ from pagedkube.gateway.routing.types import (
 )
 
 
-# 0: any held prefix draws a request (the simulator's choice, docstring above);
-# None: the whole ring-key head; N: at least min(N, head) blocks.
-DEFAULT_AFFINITY_DEPTH: int | None = 0
+DEFAULT_AFFINITY_DEPTH: int | None = 0   # any held prefix (docstring above)
 
 
 class PrefixPicker:

@@ -1,6 +1,6 @@
 """Which block hashes each endpoint's prefix cache holds, from its cache feed.
 
-Bounded (PITFALLS.md "Unbounded routing indexes"): each endpoint keeps at most
+Bounded (docs/design.md, pitfall "Unbounded routing indexes"): each endpoint keeps at most
 `capacity` hashes in an LRU; a `stored` event refreshes a hash, the oldest falls
 out first. The engine's own pool is bounded and it reports `removed` hashes, so
 the cap only bites if removal events are lost. A `reset` snapshot or a new
@@ -148,7 +148,7 @@ class PrefixIndex:
             # gateway's hot path at 256 endpoints in bench/simulate.py's profile).
             depth = len(list(takewhile(held.__contains__, block_hashes))) if held and first in held else 0
             live = pending.live(e) if pending is not None else None
-            if live is not None and depth < len(block_hashes) and block_hashes[depth] in live:
+            if pending is not None and live is not None and depth < len(block_hashes) and block_hashes[depth] in live:
                 run = _run(block_hashes[depth:], held or (), live)
                 if pending.counts(run, None if loads is None else loads.get(e, 0)):
                     depth += run

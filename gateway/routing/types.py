@@ -1,6 +1,6 @@
 """What a picker sees and what it answers.
 
-Determinism across gateway replicas (PITFALLS.md "Per-replica routing state"):
+Determinism across gateway replicas (docs/design.md, pitfall "Per-replica routing state"):
 a picker's answer depends only on its arguments (the request's hashes and key,
 the endpoint set, the loads and the prefix index fed by the engines' cache
 feeds), never on arrival order or per-replica random state. Round-robin is the

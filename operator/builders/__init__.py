@@ -1,4 +1,15 @@
-"""Pure builders: one LLMService spec in, its child objects out."""
+"""Pure builders: one LLMService spec in, its child objects out.
+
+    engine.py      the engine Deployment and its headless Service
+    gateway.py     the gateway Deployment and the user-facing Service
+    deployment.py  the Deployment around either component's pod
+    common.py      security contexts, /tmp, probes: what every pod shares
+    model.py       model source -> volumes, mounts, init containers
+    security.py    the generated Secret and the engines' NetworkPolicy
+    rbac.py        the gateway's ServiceAccount, Role and RoleBinding
+    pdb.py         the engine PodDisruptionBudget
+    monitoring.py  the ServiceMonitor (when its CRD exists)
+"""
 from __future__ import annotations
 
 from typing import Any

@@ -9,8 +9,8 @@ from typing import Any
 # vllm/vllm-openai runs as root by default.
 RUN_AS_USER = 10001
 
-TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
-TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+TMP_VOLUME: dict[str, Any] = {"name": "tmp", "emptyDir": {}}
+TMP_MOUNT: dict[str, Any] = {"name": "tmp", "mountPath": "/tmp"}
 HOME_ENV = [
     {"name": "HOME", "value": "/tmp"},
     {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},

@@ -17,11 +17,10 @@ from typing import Any
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, pod_security_context,
-    readiness_probe)
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, readiness_probe)
+from pagedkube.operator.builders.deployment import component_deployment
 from pagedkube.operator.builders.model import model_mount
-from pagedkube.operator.builders.security import (
-    SECRET_VERSION_ANNOTATION, engine_api_key_env, hash_seed_env)
+from pagedkube.operator.builders.security import engine_api_key_env, hash_seed_env
 from pagedkube.operator.spec import LLMServiceSpec
 
 PRESTOP_SLEEP_S = 5       # EndpointSlice propagation to every gateway replica
@@ -114,35 +113,18 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "") -> di
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
-    match_labels = naming.selector_labels(svc.name, "engine")
     # Without spare GPUs a surge pod cannot schedule; replace one at a time instead.
     rolling = {"maxSurge": 0, "maxUnavailable": 1} if e.num_gpus else {"maxSurge": 1, "maxUnavailable": 0}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": naming.metadata(naming.engine_name(svc.name), svc.namespace, svc.name, svc.uid, "engine"),
-        "spec": {
-            "replicas": svc.replicas,
-            "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": match_labels},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
-            "template": {
-                "metadata": {"labels": naming.labels(svc.name, "engine"),
-                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
-                "spec": {
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": pod_security_context(),
-                    "terminationGracePeriodSeconds": termination_grace_s(svc),
-                    **maybe("initContainers", mount.init_containers),
-                    "containers": [container],
-                    "volumes": volumes,
-                    **maybe("nodeSelector", dict(e.node_selector)),
-                    **maybe("tolerations", [dict(t) for t in e.tolerations]),
-                },
-            },
-        },
-    }
+    return component_deployment(svc, "engine", naming.engine_name(svc.name), replicas=svc.replicas,
+                                rolling_update=rolling, secret_version=secret_version, pod={
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": termination_grace_s(svc),
+        **maybe("initContainers", mount.init_containers),
+        "containers": [container],
+        "volumes": volumes,
+        **maybe("nodeSelector", dict(e.node_selector)),
+        **maybe("tolerations", [dict(t) for t in e.tolerations]),
+    })
 
 
 def build_engine_service(svc: LLMServiceSpec) -> dict[str, Any]:

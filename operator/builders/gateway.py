@@ -11,9 +11,9 @@ from typing import Any
 from pagedkube.gateway.routing.pending import pending_ttl_for
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
-    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, pod_security_context, readiness_probe,
-    tcp_liveness_probe)
-from pagedkube.operator.builders.security import SECRET_VERSION_ANNOTATION, engine_api_key_env
+    HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, readiness_probe, tcp_liveness_probe)
+from pagedkube.operator.builders.deployment import component_deployment
+from pagedkube.operator.builders.security import engine_api_key_env
 from pagedkube.operator.spec import LLMServiceSpec
 
 GATEWAY_CONTAINER = "gateway"
@@ -70,29 +70,12 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> d
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": naming.metadata(naming.gateway_name(svc.name), svc.namespace, svc.name, svc.uid, "gateway"),
-        "spec": {
-            "replicas": g.replicas,
-            "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": naming.selector_labels(svc.name, "gateway")},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {
-                "metadata": {"labels": naming.labels(svc.name, "gateway"),
-                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
-                "spec": {
-                    "serviceAccountName": naming.gateway_name(svc.name),
-                    "enableServiceLinks": False,
-                    "securityContext": pod_security_context(),
-                    "terminationGracePeriodSeconds": 30,
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        },
-    }
+    return component_deployment(svc, "gateway", naming.gateway_name(svc.name), replicas=g.replicas,
+                                rolling_update={"maxSurge": 1, "maxUnavailable": 0}, secret_version=secret_version,
+                                pod={"serviceAccountName": naming.gateway_name(svc.name),
+                                     "terminationGracePeriodSeconds": 30,
+                                     "containers": [container],
+                                     "volumes": volumes})
 
 
 def build_gateway_service(svc: LLMServiceSpec) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pagedkube.operator.spec import LLMServiceSpec
 # (apiGroup, resource, verbs); resourceNames are added per LLMService where they apply.
 GATEWAY_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
-    (naming.GROUP, "llmservices/scale", ("get", "patch")),
+    (naming.GROUP, f"{naming.PLURAL}/scale", ("get", "patch")),
     ("", "pods", ("patch",)),
     ("coordination.k8s.io", "leases", ("get", "create", "update")),
 )
@@ -35,7 +35,7 @@ def build_gateway_role(svc: LLMServiceSpec) -> dict[str, Any]:
     rules = []
     for group, resource, verbs in GATEWAY_RULES:
         rule: dict[str, Any] = {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
-        if resource == "llmservices/scale":  # only its own LLMService
+        if resource == f"{naming.PLURAL}/scale":  # only its own LLMService
             rule["resourceNames"] = [svc.name]
         rules.append(rule)
     return {

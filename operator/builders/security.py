@@ -1,4 +1,4 @@
-"""Secure by default (DESIGN.md §7): the engines' generated Secret and their NetworkPolicy (pure).
+"""Secure by default (docs/design.md "Operator"): the engines' generated Secret and their NetworkPolicy (pure).
 
 The Secret `<name>-engine-secret` holds two random values made once, when the
 operator first finds it missing, and never rotated by reconciling:

@@ -1,4 +1,4 @@
-"""The 4 MB toy model that ships inside the package (DESIGN.md §3): `builtin://tiny`.
+"""The 4 MB toy model that ships inside the package (docs/design.md "Models"): `builtin://tiny`.
 
 The tiny pet-care Qwen2 in the folder tiny/ next to this file, made by
 scripts/make_tiny_model.py, for fast tests. `--model` values in general (the default

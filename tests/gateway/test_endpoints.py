@@ -163,3 +163,32 @@ def test_sse_usage_scanner_reads_usage_split_across_chunks():
     none = SSEUsageScanner()
     none.feed(stream[:60])
     assert none.cached_tokens is None
+
+
+def test_parse_engine_metrics_reads_an_engine_page_as_prometheus_client_does():
+    """The hand parser (kept for speed: its docstring) against the library's parser, on the
+    page a real EngineMetrics renders, with two label sets summed."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.server.metrics import EngineMetrics
+    from pagedkube.gateway.engine_metrics import PREFIX_CACHE_HITS, RUNNING, WAITING
+
+    pages = []
+    for model, (running, waiting, hits) in (("a", (3, 5, 400)), ("b", (1, 0, 23))):
+        stats = EngineStats(num_running=running, num_waiting=waiting, kv_cache_usage=0.5, prefix_cache_queries=1000,
+                            prefix_cache_hits=hits, num_preemptions=2, num_kv_blocks=320, num_free_blocks=100)
+        metrics = EngineMetrics(model, lambda stats=stats: (stats, 0))
+        metrics.on_first_token(0.05, 100)
+        metrics.on_request_end("stop", time.monotonic() - 1, time.monotonic() - 0.5)
+        pages.append(metrics.render().decode())
+    text = "".join(pages)
+    library: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (RUNNING, WAITING, PREFIX_CACHE_HITS):
+                library[sample.name] = library.get(sample.name, 0.0) + sample.value
+    assert library == {RUNNING: 4.0, WAITING: 5.0, PREFIX_CACHE_HITS: 423.0}
+    assert parse_engine_metrics(text) == EngineScrape(running=4, waiting=5, prefix_cache_hits=423.0)

@@ -44,7 +44,7 @@ def test_deepest_holder_wins_and_predicts_cached_tokens():
 
 
 def test_holder_over_the_bound_gives_way_to_an_equally_deep_one_then_to_the_ring():
-    """DESIGN §6: the deepest holder if within the bound, otherwise the ring. A
+    """docs/design.md "Gateway": the deepest holder if within the bound, otherwise the ring. A
     shallower holder (say, of a shared system prompt only) gets no preference: it
     would draw every moved session of that prompt, and leave an engine idle."""
     req = request("doc")
@@ -120,7 +120,7 @@ def turn(session: str, n_blocks: int, head_blocks: int, system: str = "sys", sys
 
 
 def test_head_only_rule_a_holder_of_the_system_prompt_alone_does_not_draw_a_first_turn():
-    """DESIGN §6 rule 1: affinity only to an engine holding the request's whole
+    """docs/design.md "Gateway" rule 1: affinity only to an engine holding the request's whole
     ring-key head. A first turn is all head; an engine holding just the shared
     system prompt (2 of its 4 blocks) does not draw it: the ring owner does."""
     first = turn("s1", n_blocks=4, head_blocks=4)
@@ -179,7 +179,7 @@ def test_head_only_rule_no_head_blocks_means_any_prefix():
 
 
 def test_defaults_and_bad_values():
-    assert (BoundedLoad().c, BoundedLoad().floor) == (1.5, 8)   # DESIGN.md §6's c; the simulator's floor
+    assert (BoundedLoad().c, BoundedLoad().floor) == (1.5, 8)   # docs/design.md "Gateway"'s c; the simulator's floor
     picker = PrefixPicker(PrefixIndex(), BoundedLoad(), RingCache())
     assert picker.affinity_depth == 0   # any held prefix (the simulator overturned "head")
     assert picker.required_depth(turn("s", n_blocks=9, head_blocks=4)) == 1

@@ -1,7 +1,7 @@
 """vLLM's own router (`vllm-router` from PyPI, a Rust binary) in front of two of our
 engines: a vLLM user changes nothing but the base URL. The router adds vLLM and
 SGLang extension fields to each request (`skip_special_tokens`, `no_stop_trim`,
-...); the engine must accept them (DESIGN §5)."""
+...); the engine must accept them (docs/design.md "Engine server")."""
 from __future__ import annotations
 
 import httpx

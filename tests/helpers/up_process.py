@@ -50,11 +50,15 @@ class Up:
         return found[-1] if found else None
 
     def metrics(self) -> dict[str, float]:
+        """The autoscaler's samples, keyed as the exposition writes them (`name{label="v"}`)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         out = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
-            if line.startswith("pagedkube_autoscaler_"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
+        for family in text_string_to_metric_families(httpx.get(f"{self.url}/metrics", timeout=10).text):
+            for s in family.samples:
+                if s.name.startswith("pagedkube_autoscaler_"):
+                    labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+                    out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return out
 
     def wait_for(self, predicate, timeout: float, what: str):

@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pagedkube.gateway.autoscaler.policy import SPEC_NAMES, check_bounds
 from pagedkube.operator.install import NAMESPACE, OPERATOR_NAME
 from pagedkube.operator.manifests import render
 
@@ -120,6 +121,25 @@ def test_invalid_llmservices_fail_for_the_stated_reason(case: str, obj: dict, re
     errors = validate(CRD, obj)
     assert len(errors) == 1, errors
     assert errors[0].startswith(reason), errors
+
+
+def test_the_crd_and_check_bounds_accept_the_same_autoscaling_bounds() -> None:
+    """The API server's rules (schema minimums, the min <= max CEL rule) and the one function
+    the operator's spec and the gateway's flags call agree on every bound in a grid."""
+    verdicts = []
+    for min_replicas in (-1, 0, 1, 3):
+        for max_replicas in (0, 1, 3):
+            for depth in (-1.0, 0.0, 0.5, 4.0):
+                obj = variant(autoscaling={"minReplicas": min_replicas, "maxReplicas": max_replicas,
+                                           "targetQueueDepth": depth})
+                try:
+                    check_bounds(min_replicas, max_replicas, depth, SPEC_NAMES)
+                    accepted = True
+                except ValueError:
+                    accepted = False
+                verdicts.append(((min_replicas, max_replicas, depth), validate(CRD, obj) == [], accepted))
+    assert [v for v in verdicts if v[1] != v[2]] == []
+    assert sum(v[2] for v in verdicts) == 10   # (0|1, 1|3) and (3, 3) with the two positive depths
 
 
 def test_the_same_specs_pass_when_fixed() -> None:

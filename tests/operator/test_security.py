@@ -1,4 +1,4 @@
-"""Secure by default (DESIGN.md §7), the pure builders: the generated engine Secret, the
+"""Secure by default (docs/design.md "Operator"), the pure builders: the generated engine Secret, the
 NetworkPolicy, the key and hash-seed env on both Deployments, routing headers off; every
 object strictly valid against Kubernetes 1.37."""
 from __future__ import annotations

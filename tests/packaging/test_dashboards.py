@@ -137,7 +137,7 @@ def test_every_metric_is_exported_by_our_code(name, exported):
 
 def test_metric_check_catches_a_renamed_metric(exported):
     assert "vllm:kv_cache_usage_perc" in exported
-    assert "vllm:gpu_cache_usage_perc" not in exported  # vLLM's old name (PITFALLS.md)
+    assert "vllm:gpu_cache_usage_perc" not in exported  # vLLM's old name (docs/design.md "Pitfalls")
     assert "pagedkube_gateway_routing_decisions_total" in exported
     assert "vllm:time_to_first_token_seconds_bucket" in exported
     assert "pagedkube_autoscaler_scale_events_total" in exported

@@ -1,4 +1,4 @@
-"""The built-in tiny model (DESIGN.md §3): a complete, small Hugging Face
+"""The built-in tiny model (docs/design.md "Models"): a complete, small Hugging Face
 directory that transformers loads, that answers a pet-care question in English,
 and whose tokenizer and chat template pagedkube reproduces exactly."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chat templates wherever Hugging Face keeps them (DESIGN.md §3, PITFALLS "Chat templates moved").
+"""Chat templates wherever Hugging Face keeps them (docs/design.md "Models", docs/design.md, pitfall "Chat templates moved").
 
 One test per location, each rendering the same chats with our torch-free Tokenizer and with
 transformers' apply_chat_template on the same folder (or file), and the precedence when a

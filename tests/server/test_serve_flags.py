@@ -29,3 +29,32 @@ def test_up_passes_decode_capture_to_every_engine() -> None:
     from pagedkube.gateway.local.cli import engine_args
     args = build_parser().parse_args(["up", "--decode-capture", "on", "--decode-capture-sizes", "1,2"])
     assert engine_args(args) == ["--decode-capture", "on", "--decode-capture-sizes", "1,2"]
+
+
+# One value for every engine flag `up` passes through (engine/server/engine_flags.py).
+EVERY_ENGINE_FLAG = ["--model", "builtin://tiny", "--served-model-name", "m", "--device", "cpu", "--dtype", "float32",
+                     "--quantization", "none", "--decode-capture", "off", "--decode-capture-sizes", "1,2",
+                     "--block-size", "32", "--kv-cache-memory", "512MiB", "--max-num-seqs", "8",
+                     "--max-num-batched-tokens", "512", "--max-model-len", "256", "--max-waiting", "-1",
+                     "--drain-timeout", "2.5", "--seed", "7", "--access-log", "json"]
+
+
+def test_up_passes_every_engine_flag_as_serve_parses_it() -> None:
+    """`pagedkube up` declares no engine flag of its own: what it passes to its engines
+    configures each exactly as the same words given to `pagedkube serve`."""
+    from pagedkube.gateway.local.cli import engine_args
+    up = build_parser().parse_args(["up", *EVERY_ENGINE_FLAG])
+    passed = engine_args(up)
+    assert passed == EVERY_ENGINE_FLAG
+    via_up = build_config(build_parser().parse_args(["serve", *passed]))
+    direct = build_config(build_parser().parse_args(["serve", *EVERY_ENGINE_FLAG]))
+    assert via_up == direct
+    assert (via_up.engine.kv_cache_memory, via_up.engine.decode_capture_sizes, via_up.max_waiting) == \
+        (512 << 20, (1, 2), None)
+
+
+def test_up_checks_engine_values_before_starting_anything(capsys) -> None:
+    import pytest
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--kv-cache-memory", "lots"])
+    assert "not a size in bytes: 'lots'" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 and on uvloop with whole decode-step capture (`--decode-capture on`: torch.compile'd decode
 buckets 1 and 8, so the storm's decode steps run captured, padded and eager by batch size).
 
-The load that wedged the engine (issue 14, PITFALLS "A pipe under uvloop"): a
+The load that wedged the engine (issue 14, docs/design.md, pitfall "A pipe under uvloop"): a
 mix of completions and chats, n up to 8, logprobs up to 5, streamed and not,
 with one client in ten leaving mid-stream, and 30% of the requests constrained
 (JSON Schemas of their own, regexes, choices, forced tool calls), so grammars

@@ -1,6 +1,6 @@
 """vLLM's request extension fields: honoured where cheap, accepted where they change
 nothing, rejected with a 400 only for values we cannot honour; unknown fields ignored
-with one warning per name (PITFALLS: strict schemas lock out vLLM's own router)."""
+with one warning per name (docs/design.md, pitfall "Strict request schemas lock out vLLM's ecosystem")."""
 from __future__ import annotations
 
 import pytest

@@ -97,7 +97,7 @@ def test_default_routing_against_ideal_round_robin_and_cache_aware(grid, load, r
 
 def test_replicas_with_identical_views_never_disagree():
     """Feed events delivered at once and loads scraped before every decision:
-    two and four replicas choose as one (DESIGN §6)."""
+    two and four replicas choose as one (docs/design.md "Gateway")."""
     for replicas in (2, 4):
         fleet = replace(FLEET, replicas=replicas, feed_delay_s=0.0, scrape_interval_s=0.0)
         result = simulate(fleet, LOADS["high"], PolicySpec("prefix"))

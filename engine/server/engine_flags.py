@@ -1,0 +1,156 @@
+"""The engine's flags, defined once for `pagedkube serve` and for `pagedkube up`, which passes
+them through to every engine it starts.
+
+    add_engine_args(parser)                    serve: defaults from EngineConfig / ServerConfig
+    add_engine_args(parser, passthrough=True)  up: default None (only what the user gave is
+                                               passed on), each value checked now but kept as
+                                               typed, so an engine parses the same text
+
+Torch-free at import (`pagedkube --help` runs in the torch-free images).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Callable
+
+from pagedkube.defaults import default_of
+from pagedkube.engine.config import (DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS,
+                                     EngineConfig)
+from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.tool_parsers import PARSER_NAMES
+from pagedkube.model_source import MODEL_FLAG_HELP
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '1GiB', '512MiB', '2G' (powers of 1000 without the i) -> bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 2GiB, 512MiB, 1000000)")
+    number, unit, binary = match.groups()
+    base = 1024 if binary else 1000
+    value = int(float(number) * base ** " kmgt".index(unit.lower() or " "))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """"1,2,4,8" -> (1, 2, 4, 8)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes like 1,2,4,8, got {text!r}") from None
+
+
+def _server(name: str) -> Any:
+    """ServerConfig's default for a field: the flags' defaults are the config's."""
+    return default_of(ServerConfig, name)
+
+
+def _engine(name: str) -> Any:
+    return default_of(EngineConfig, name)
+
+
+def _as_typed(parse: Callable[[str], Any]) -> Callable[[str], str]:
+    """`parse` checks the text (argparse reports its error), and the text itself is kept."""
+    def check(text: str) -> str:
+        parse(text)
+        return text
+    check.__name__ = parse.__name__
+    return check
+
+
+def add_decode_capture_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                            passthrough: bool = False) -> list[argparse.Action]:
+    """--decode-capture and --decode-capture-sizes (in add_engine_args, and `pagedkube generate`)."""
+    sizes = _engine("decode_capture_sizes")
+    return [
+        p.add_argument("--decode-capture", default=None if passthrough else _engine("decode_capture"),
+                       choices=DECODE_CAPTURES,
+                       help="run decode-only steps as one captured program per batch bucket: on = torch.compile "
+                            "on CPU (each bucket compiles at start, a minute or more), CUDA graphs on CUDA; "
+                            "off = eager; auto (default) = eager for now: capture is opt-in (docs/engine.md)"),
+        p.add_argument("--decode-capture-sizes", type=_as_typed(parse_sizes) if passthrough else parse_sizes,
+                       default=None if passthrough else sizes,
+                       help="batch-size buckets to capture, comma-separated (default "
+                            f"{','.join(map(str, sizes))}); bigger decode batches run eager"),
+    ]
+
+
+def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
+                    title: str = "model and engine") -> list[str]:
+    """Adds the engine's flags to `p` in one group; returns them (`--model`, ...) in order."""
+    def default(value: Any) -> Any:
+        return None if passthrough else value
+
+    def typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+        return _as_typed(parse) if passthrough else parse
+
+    g = p.add_argument_group(title)
+    added = [
+        g.add_argument("--model", default=None, help=MODEL_FLAG_HELP),
+        g.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)"),
+        g.add_argument("--device", default=default(_engine("device")), choices=DEVICES),
+        g.add_argument("--dtype", default=default(_engine("dtype")), choices=DTYPES),
+        g.add_argument("--quantization", default=default(_engine("quantization")), choices=QUANTIZATIONS,
+                       help="weights: auto = a GGUF file's types as stored, a float model as float; none = all "
+                            "dense; int8 / int4 = quantize the projections at load (default auto)"),
+        *add_decode_capture_args(g, passthrough=passthrough),
+        g.add_argument("--block-size", type=int, default=default(_engine("block_size"))),
+    ]
+    kv = g.add_mutually_exclusive_group()
+    added += [
+        kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool"),
+        kv.add_argument("--kv-cache-memory", type=typed(parse_bytes), default=None,
+                        help="bytes for the KV pool (e.g. 4GiB)"),
+        g.add_argument("--max-num-seqs", type=int, default=default(_engine("max_num_seqs"))),
+        g.add_argument("--max-num-batched-tokens", type=int, default=default(_engine("max_num_batched_tokens"))),
+        g.add_argument("--max-model-len", type=int, default=None),
+        g.add_argument("--max-waiting", type=int, default=default(_server("max_waiting")),
+                       help="waiting sequences (n x prompts) beyond which new requests get 503 "
+                            f"(default {_server('max_waiting')}: 16 x the default max-num-seqs; -1 = unbounded)"),
+        g.add_argument("--drain-timeout", type=float, default=default(_server("drain_timeout")),
+                       help=f"seconds in-flight requests may run after SIGTERM (default {_server('drain_timeout'):g})"),
+        g.add_argument("--seed", type=int, default=default(_engine("seed"))),
+    ]
+    added += add_structured_outputs_args(p, passthrough=passthrough)
+    return [action.option_strings[0] for action in added]
+
+
+def add_structured_outputs_args(p: argparse.ArgumentParser, *, passthrough: bool = False) -> list[argparse.Action]:
+    """Structured outputs and tool calling (docs/server.md "Structured outputs and tool calling")."""
+    def default(value: Any) -> Any:
+        return None if passthrough else value
+
+    g = p.add_argument_group("structured outputs and tool calling")
+    return [
+        g.add_argument("--tool-call-parser", default=default(_server("tool_call_parser")), choices=PARSER_NAMES,
+                       help="reads tool calls out of tool_choice=auto answers: hermes (Qwen2.5/Qwen3), "
+                            "llama3_json, mistral; auto = the one the chat template's format calls for; none = off "
+                            f"(default {_server('tool_call_parser')})"),
+        g.add_argument("--enable-auto-tool-choice", action="store_const", const=True, default=default(False),
+                       help="accepted for vLLM compatibility: tool_choice=auto is on whenever a parser is set or "
+                            "detected (default: on then)"),
+        g.add_argument("--structured-outputs-backend", default=default(_engine("structured_outputs_backend")),
+                       choices=STRUCTURED_OUTPUTS_BACKENDS,
+                       help="grammar library for response_format / structured_outputs / guided_* and forced tool "
+                            f"calls: auto = xgrammar (default {_engine('structured_outputs_backend')})"),
+        g.add_argument("--grammar-compile-timeout", type=float, default=default(_engine("grammar_compile_timeout")),
+                       help="seconds a constraint may take to compile before its request fails with 400 "
+                            f"(default {_engine('grammar_compile_timeout'):g})"),
+    ]
+
+
+def passthrough_argv(args: argparse.Namespace, flags: list[str]) -> list[str]:
+    """The flags of `flags` the user gave, as `pagedkube serve` arguments."""
+    out: list[str] = []
+    for flag in flags:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is True:             # a switch (--enable-auto-tool-choice)
+            out.append(flag)
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
