@@ -8,6 +8,7 @@ and operator/ in the repository; docs/design.md "Layout").
     __main__.py        `python -m pagedkube`
     hashing.py         chained block hashes: the engine and the gateway must agree
     tokenizer.py       tokenizer and chat template as Hugging Face renders them
+    chat_messages.py   OpenAI messages and tools as a chat template reads them (engine and gateway)
     piece_cache.py     tokenization with a cache of the text between added tokens
     model_source.py    what a --model value names
     openai_errors.py   OpenAI's error shape and our codes (engine and gateway)
