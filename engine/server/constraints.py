@@ -36,7 +36,7 @@ def _from_response_format(req: CompletionRequest | ChatCompletionRequest) -> Str
 def _from_structured_outputs(body: StructuredOutputsBody) -> StructuredOutputsParams:
     if body.structural_tag is not None:
         raise ValueError("structural_tag is not supported by this server")
-    return StructuredOutputsParams(json=body.json, regex=body.regex, choice=body.choice, grammar=body.grammar,
+    return StructuredOutputsParams(json=body.json_schema, regex=body.regex, choice=body.choice, grammar=body.grammar,
                                    json_object=body.json_object or None,
                                    disable_any_whitespace=body.disable_any_whitespace)
 

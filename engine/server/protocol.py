@@ -72,7 +72,8 @@ class ResponseFormat(_Body):
 
 class StructuredOutputsBody(_Body):
     """vLLM's `structured_outputs` request field (one of json, regex, choice, grammar, json_object)."""
-    json: Any = None
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    json_schema: Any = Field(None, alias="json")   # `json` itself would shadow BaseModel.json
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
