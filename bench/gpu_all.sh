@@ -42,7 +42,7 @@ step() {  # step NAME LIMIT_S CMD...: run, log to $RESULTS/NAME.log, record the 
 
 step gpu_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_gpu_engine.py \
     tests/engine/test_triton_attention.py tests/engine/test_triton_write_kv.py tests/engine/test_triton_engine.py \
-    tests/engine/test_triton_wxa16.py
+    tests/engine/test_triton_wxa16.py tests/engine/test_structured_bitmask.py
 step kernels 300 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step engine_throughput 600 "$PY" bench/engine_throughput.py --device cuda
 step engine_throughput_smollm2 600 "$PY" bench/engine_throughput.py --device cuda --model smollm2-135m-instruct

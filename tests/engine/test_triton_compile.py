@@ -25,6 +25,8 @@ CONFIGS = [
                                    BLOCK_SIZE=32, NUM_SPLITS=1, DOT_PRECISION="tf32", UPCAST_DOT=False)),
     ("reduce", "fp16", 90, dict(HEAD_DIM=80, HEAD_DIM_PAD=128, NUM_SPLITS=16)),
     ("write_kv", "bf16", 90, dict(NUM_KV_HEADS=3, NUM_KV_HEADS_PAD=4, HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=8)),
+    ("bitmask", "fp32", 80, dict(BLOCK=4096)),       # structured outputs' token mask on the logits
+    ("bitmask", "fp32", 90, dict(BLOCK=4096)),
 ]
 
 
@@ -36,8 +38,10 @@ def _signature(fn, dtype: str, const: dict) -> dict:
             sig[name] = "constexpr"
         elif name.startswith("part_"):
             sig[name] = "*fp32"
-        elif name == "slot_mapping_ptr":
+        elif name in ("slot_mapping_ptr", "rows_ptr"):
             sig[name] = "*i64"
+        elif name == "bitmask_ptr":
+            sig[name] = "*i32"
         elif name in index_ptrs:
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
@@ -51,9 +55,11 @@ def _signature(fn, dtype: str, const: dict) -> dict:
 
 def compile_all() -> None:
     from pagedkube.engine.attention import triton_attention, triton_write_kv
+    from pagedkube.engine.structured import triton_bitmask
     kernels = {"attention": triton_attention._paged_attention_kernel,
                "reduce": triton_attention._reduce_splits_kernel,
-               "write_kv": triton_write_kv._write_kv_kernel}
+               "write_kv": triton_write_kv._write_kv_kernel,
+               "bitmask": triton_bitmask._apply_bitmask_kernel}
     for name, dtype, sm, const in CONFIGS:
         fn = kernels[name]
         compile_cubin(fn, _signature(fn, dtype, const), const, sm, f"{name} {dtype}")
