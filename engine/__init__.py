@@ -39,8 +39,9 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkube.engine.sampling_params import SamplingParams
+from pagedkube.engine.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name: str) -> Any:
