@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Literal
@@ -55,6 +56,21 @@ def test_parse_through_the_gateway_with_the_default_model(default_stack):
     assert r.choices[0].finish_reason == "stop"
     booking = r.choices[0].message.parsed
     assert isinstance(booking, VetBooking)
+
+
+def test_every_kind_of_constraint_through_the_gateway(default_stack):
+    ask = dict(model="smollm2-135m-instruct", temperature=0, max_tokens=60,
+               messages=[{"role": "user", "content": "How many walks does a puppy need a day?"}])
+    r = default_stack.chat.completions.create(response_format={"type": "json_object"}, **ask)
+    assert r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict)
+    pattern = r"[1-9] walks? a day(, [a-z ]{1,30})?\."
+    r = default_stack.chat.completions.create(extra_body={"guided_regex": pattern}, **ask)
+    assert re.fullmatch(pattern, r.choices[0].message.content)
+    r = default_stack.chat.completions.create(extra_body={"guided_choice": ["one", "two", "three"]}, **ask)
+    assert r.choices[0].message.content in ("one", "two", "three")
+    grammar = 'root ::= "Walks: " count (", then " count)*\ncount ::= [1-4] " x " [1-6] "0 min"'
+    r = default_stack.chat.completions.create(extra_body={"structured_outputs": {"grammar": grammar}}, **ask)
+    assert re.fullmatch(r"Walks: [1-4] x [1-6]0 min(, then [1-4] x [1-6]0 min)*", r.choices[0].message.content)
 
 
 @pytest.mark.parametrize("stream", [False, True])
