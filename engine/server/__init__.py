@@ -11,7 +11,8 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     core_messages.py  the typed messages between the two (RequestDelta per step)
     streams.py        per-request output streams (on the event loop)
     protocol.py       request bodies (pydantic; vLLM's extension fields, unknown ones ignored)
-    serving.py        tokenize, validate, submit, collect; abort on disconnect
+    prepare.py        body -> Prepared: tokenize, check limits, the constraint, SamplingParams
+    generation.py     Generation: submit, stream the deltas, collect; abort on disconnect
     constraints.py    response_format / structured_outputs / guided_* -> one checked constraint
     tools.py          tools and tool_choice (OpenAI's shapes); what required/named constrain
     tool_parsers.py   tool calls out of a model's text (hermes, llama3_json, mistral; torch-free)

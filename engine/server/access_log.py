@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from pagedkube.engine.outputs import RequestDelta
-    from pagedkube.engine.server.serving import Generation
+    from pagedkube.engine.server.generation import Generation
 
 LOGGER = "pagedkube.engine.access"
 PATHS = ("/v1/completions", "/v1/chat/completions")

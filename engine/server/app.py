@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 # Reachable without the API key: probes and scrapes (as vLLM leaves them open).
 OPEN_PATHS = ("/health", "/ready", "/metrics")
-# Threads that tokenize huge prompts (serving.prepare). Two: on a 2-core node one can
+# Threads that tokenize huge prompts (prepare.prepare). Two: on a 2-core node one can
 # tokenize while the engine core steps; more would only queue on the same cores.
 PREPARE_WORKERS = 2
 

@@ -15,8 +15,8 @@ from pagedkube.engine.server.errors import APIError, sse_error_event
 from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
-from pagedkube.engine.server.serving import (ClientDisconnected, Generation, Prepared, collect, new_request_id,
-                                             prepare, render_chat, tokenizer_for, tool_output_parser)
+from pagedkube.engine.server.generation import ClientDisconnected, Generation, collect, new_request_id
+from pagedkube.engine.server.prepare import Prepared, prepare, render_chat, tokenizer_for, tool_output_parser
 from pagedkube.engine.server.state import ServerState
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Streams are formatted from RequestDeltas as they come (only the new tokens and
 text of a step), so the work per step is O(new tokens), whatever the length so
-far; whole responses from the accumulated outputs (serving.collect).
+far; whole responses from the accumulated outputs (generation.collect).
 Choice index = prompt index * n + sample index (OpenAI's order for batches).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedkube.engine.outputs import RequestDelta
-from pagedkube.engine.server.serving import Prepared
+from pagedkube.engine.server.prepare import Prepared
 from pagedkube.engine.server.tool_parsers import ToolParser
 from pagedkube.engine.server.tool_stream import ToolCallStream, finish_reason, tool_message
 

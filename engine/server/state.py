@@ -31,7 +31,7 @@ class RequestBody(Protocol):
 class ServerState:
     config: ServerConfig
     engine: EngineClient                    # engine_client.py; the app's is a core_client.EngineCoreClient
-    workers: concurrent.futures.Executor    # tokenizes huge prompts off the event loop (serving.prepare)
+    workers: concurrent.futures.Executor    # tokenizes huge prompts off the event loop (prepare.prepare)
     engine_id: str = field(default_factory=lambda: str(uuid.uuid4()))   # the KV event log's, once built
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: EngineMetrics | None = None    # built with the served model name (lifespan start-up)
@@ -80,7 +80,7 @@ class ServerState:
         re-sends its history every turn). Only the event loop calls it."""
         if self._chat_encoder is None:
             tokenizer = self.info.tokenizer
-            assert tokenizer is not None, "callers check for a tokenizer first (serving.tokenizer_for)"
+            assert tokenizer is not None, "callers check for a tokenizer first (prepare.tokenizer_for)"
             self._chat_encoder = CachedEncoder(tokenizer)
         return self._chat_encoder
 

@@ -12,7 +12,7 @@ from pagedkube.engine.outputs import OutputAccumulator, RequestDelta, SampleDelt
 from pagedkube.engine.server.core_messages import (AddRequests, KVEvent, NewRequest, RequestError,
                                                    StepMessage)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
-from pagedkube.engine.server.serving import Prepared
+from pagedkube.engine.server.prepare import Prepared
 
 STEPS = 150
 

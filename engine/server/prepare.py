@@ -1,35 +1,26 @@
-"""From a validated request body to engine requests, and back.
+"""From a validated request body to what the engine runs: Prepared.
 
-`prepare_*` tokenize, check lengths and build SamplingParams (every problem is a
-400 naming the field, before anything reaches the engine); `prepare` runs them
-inline for ordinary prompts and in a bounded worker pool for huge ones, so a
-multi-megabyte prompt never stalls the event loop (/health, running streams).
-`Generation` owns the engine requests of one HTTP request: it submits them,
-yields their RequestDeltas and, whatever way the HTTP request ends (done, error,
-client gone), aborts what is still running exactly once so the blocks go back
-to the pool.
+`prepare_*` tokenize, check lengths, read the output constraint and build
+SamplingParams (every problem is a 400 naming the field, before anything reaches
+the engine); `prepare` runs them inline for ordinary prompts and in a bounded
+worker pool for huge ones, so a multi-megabyte prompt never stalls the event loop
+(/health, running streams). The request's lifetime in the engine is
+generation.py's.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
-
-from fastapi import Request
+from typing import Any
 
 from pagedkube.engine.admission import AdmissionError, AdmissionLimits, allowed_max_tokens
-from pagedkube.engine.outputs import OutputAccumulator, RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.server import constraints
-from pagedkube.engine.server.core_messages import NewRequest
 from pagedkube.engine.server.errors import APIError, bad_request
 from pagedkube.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from pagedkube.engine.server.state import ServerState
-from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
 from pagedkube.engine.server.tool_parsers import NamedParser, RequiredParser, ToolParser
 from pagedkube.engine.structured.params import StructuredOutputsParams
 from pagedkube.tokenizer import RELEASE_GIL_CHARS
@@ -57,10 +48,6 @@ class Prepared:
         return len(self.prompt_ids) * self.params.n
 
 
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def limits(state: ServerState) -> AdmissionLimits:
     info = state.info
     return AdmissionLimits(info.max_model_len, info.num_kv_blocks, info.block_size)
@@ -83,7 +70,8 @@ def _check_request_size(state: ServerState, prepared: Prepared, prompt_field: st
         raise bad_request(f"this request asks for {prepared.num_seqs} sequences ({len(prepared.prompt_ids)} "
                           f"prompts x n={prepared.params.n}); at most max_num_seqs ({max_seqs}) per request", "n")
     if config.max_request_tokens is not None:
-        total = sum(len(ids) + prepared.params.n * prepared.params.max_tokens for ids in prepared.prompt_ids)
+        max_tokens = prepared.params.max_tokens or 0    # always set by _max_tokens here
+        total = sum(len(ids) + prepared.params.n * max_tokens for ids in prepared.prompt_ids)
         if total > config.max_request_tokens:
             raise bad_request(f"this request asks for {total} tokens (prompt tokens + n x max_tokens, over all "
                               f"prompts); at most {config.max_request_tokens} per request", prompt_field)
@@ -183,7 +171,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
 def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutputsParams | None, str | None]:
     """The request's output constraint, parsed (a 400 naming its field if it cannot be honoured)."""
     constraint, field = constraints.request_constraint(req)
-    if constraint is not None:
+    if constraint is not None and field is not None:
         constraints.check(constraint, field)
     return constraint, field
 
@@ -225,11 +213,11 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = 
     requested, field = req.requested_max_tokens
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    constraint, field = _constraint(req)
+    constraint, constraint_field = _constraint(req)
     # Tool-call markers ([TOOL_CALLS], <|python_tag|>) are special tokens the parser must see.
     keep_special = False if tool_output_parser(state, req) is not None and constraint is None else None
     prepared = Prepared([ids], [text], _sampling_params(state, req, max_tokens, logprobs, constraint, keep_special),
-                        req.cache_salt, field)
+                        req.cache_salt, constraint_field)
     _check_request_size(state, prepared, "messages")
     return prepared
 
@@ -273,108 +261,11 @@ def _text_size(req: CompletionRequest | ChatCompletionRequest) -> int:
 async def prepare(state: ServerState, req: CompletionRequest | ChatCompletionRequest) -> Prepared:
     """prepare_completion / prepare_chat inline for ordinary prompts; for a huge one in the
     server's worker pool (bounded: its few threads queue the rest), so the event loop keeps serving."""
-    chat = isinstance(req, ChatCompletionRequest)
     size = _text_size(req) + _constraint_size(req)
     if size <= INLINE_PREPARE_CHARS:
-        return prepare_chat(state, req) if chat else prepare_completion(state, req)
+        return prepare_chat(state, req) if isinstance(req, ChatCompletionRequest) else prepare_completion(state, req)
     logger.info("a prompt of %d characters: tokenizing it in a worker thread", size)
-    work = functools.partial(prepare_chat, state, req, inline=False) if chat else \
-        functools.partial(prepare_completion, state, req)
+    work: functools.partial[Prepared] = (functools.partial(prepare_chat, state, req, inline=False)
+                                         if isinstance(req, ChatCompletionRequest)
+                                         else functools.partial(prepare_completion, state, req))
     return await asyncio.get_running_loop().run_in_executor(state.workers, work)
-
-
-class Generation:
-    """The engine requests behind one HTTP request (one per prompt, each with n samples)."""
-
-    def __init__(self, state: ServerState, request_id: str, prepared: Prepared):
-        self.state = state
-        self.request_id = request_id
-        self.prepared = prepared
-        self.engine_ids = [f"{request_id}-{i}" for i in range(len(prepared.prompt_ids))]
-        self._pending = set(self.engine_ids)
-        self._stream: RequestStream | None = None
-        self._closed = False
-        self._observers: list[Callable[[int, RequestDelta], None]] = []
-
-    def observe(self, observer: Callable[[int, RequestDelta], None]) -> None:
-        """observer(prompt index, delta) is called with every delta as updates() hands it on,
-        before the consumer sees it (the access log's hook: engine/server/access_log.py)."""
-        self._observers.append(observer)
-
-    def start(self) -> None:
-        """Submits the requests; raises APIError 503 when draining or the queue is full."""
-        self.state.check_accepting()
-        self._stream = RequestStream()
-        p = self.prepared
-        self.state.engine.add_requests(
-            [NewRequest(rid, ids, p.params, p.cache_salt, group=self.request_id)
-             for rid, ids in zip(self.engine_ids, p.prompt_ids)],
-            self._stream, max_waiting=self.state.config.max_waiting)
-        self.state.in_flight += 1
-
-    async def updates(self) -> AsyncIterator[tuple[int, RequestDelta]]:
-        """Yields (prompt index, RequestDelta), every one, until every request finished."""
-        assert self._stream is not None, "start() first"
-        index = {rid: i for i, rid in enumerate(self.engine_ids)}
-        while self._pending:
-            for item in await self._stream.get():
-                if isinstance(item, StreamError):
-                    self._pending.discard(item.request_id)
-                    raise constraints.with_field(item.error, self.prepared.constraint_field)
-                if isinstance(item, StreamAborted):
-                    self._pending.discard(item.request_id)
-                    raise APIError(503, "the request was aborted: the server is shutting down",
-                                   code="shutting_down", headers={"Retry-After": "1"})
-                if item.finished:
-                    self._pending.discard(item.request_id)
-                for observer in self._observers:
-                    observer(index[item.request_id], item)
-                yield index[item.request_id], item
-
-    def close(self) -> None:
-        """Idempotent: aborts unfinished requests and ends this request's in-flight count."""
-        if self._closed or self._stream is None:
-            return
-        self._closed = True
-        if self._pending:
-            self.state.engine.abort(sorted(self._pending))
-            self._pending.clear()
-        self.state.in_flight -= 1
-
-
-class ClientDisconnected(Exception):
-    pass
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def collect(gen: Generation, request: Request) -> dict[int, RequestOutput]:
-    """Runs a non-streaming generation to the end, aborting it if the client goes away;
-    the one place where a request's deltas are accumulated into whole outputs."""
-    results = {i: OutputAccumulator(rid, None, ids)
-               for i, (rid, ids) in enumerate(zip(gen.engine_ids, gen.prepared.prompt_ids))}
-
-    async def consume() -> None:
-        async with contextlib.aclosing(gen.updates()) as updates:
-            async for prompt_idx, delta in updates:
-                results[prompt_idx].add(delta)
-
-    consumer = asyncio.ensure_future(consume())
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (consumer, watcher):
-            task.cancel()
-        await asyncio.gather(consumer, watcher, return_exceptions=True)
-        gen.close()
-    if not consumer.cancelled() and consumer.exception() is not None:
-        raise consumer.exception()
-    if not all(acc.finished for acc in results.values()):
-        raise ClientDisconnected()
-    return {i: acc.result() for i, acc in results.items()}
