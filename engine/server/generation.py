@@ -21,6 +21,7 @@ from pagedkube.engine.server.errors import APIError
 from pagedkube.engine.server.prepare import Prepared
 from pagedkube.engine.server.state import ServerState
 from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
+from pagedkube.openai_errors import SHUTTING_DOWN
 
 
 def new_request_id(prefix: str) -> str:
@@ -68,7 +69,7 @@ class Generation:
                 if isinstance(item, StreamAborted):
                     self._pending.discard(item.request_id)
                     raise APIError(503, "the request was aborted: the server is shutting down",
-                                   code="shutting_down", headers={"Retry-After": "1"})
+                                   code=SHUTTING_DOWN, headers={"Retry-After": "1"})
                 if item.finished:
                     self._pending.discard(item.request_id)
                 for observer in self._observers:

@@ -149,10 +149,9 @@ async def retrieve_model(model: str, request: Request) -> dict:
 
 
 def _loaded_state(request: Request, model: str | None) -> ServerState:
-    """The server state once the model is loaded (503 before), `model` checked against it."""
+    """The server state once the model is loaded (`state.info` answers 503 before), `model` checked."""
     state = _state(request)
-    if state.info is None:
-        raise APIError(503, "the engine is not ready", headers={"Retry-After": "1"})
+    state.info                       # 503 not_ready until the engine is built  # noqa: B018
     state.check_model(model)
     return state
 
