@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence, cast
 
 from pagedkube.engine.config import EngineConfig
@@ -33,14 +34,39 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             chat_template_kwargs: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+             tools: list[dict] | None = None, use_tqdm: bool = True,
+             cache_salt: str | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of OpenAI-style messages) or a list of them,
+        rendered with the model's chat template as the server renders them
+        (pagedkube/chat_messages.py), then generated; `.prompt` of each output is the rendered text."""
+        from pagedkube.chat_messages import template_kwargs, template_messages
+
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"model {self.engine.model_name!r} has no tokenizer.json: chat needs one")
+        conversations = cast("list[Sequence[dict]]", [messages] if messages and isinstance(messages[0], dict)
+                             else list(messages))
+        kwargs = template_kwargs({"chat_template_kwargs": chat_template_kwargs, "tools": tools})
+        texts = [tokenizer.render_chat(template_messages(list(c)), add_generation_prompt, **kwargs)
+                 for c in conversations]
+        outputs = self.generate([tokenizer.encode(t, add_special_tokens=False) for t in texts], sampling_params,
+                                cache_salt=cache_salt, use_tqdm=use_tqdm)
+        for text, out in zip(texts, outputs):
+            out.prompt = text
+        return outputs
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, cache_salt: str | None = None) -> list[RequestOutput]:
+                 *, cache_salt: str | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in input order.
 
         Prompts: one string, a list of strings, one list of token ids or a list of
         them. Every prompt is validated before any runs, so a bad one raises
-        ValueError and nothing was queued.
+        ValueError and nothing was queued. `use_tqdm`: a progress bar of finished
+        prompts on a terminal (vLLM's default; never in logs or pipes).
         """
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                               and all(isinstance(t, int) for t in prompts))
@@ -65,9 +91,9 @@ class LLM:
             token_ids = self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
             results[request_id] = OutputAccumulator(request_id, prompt if isinstance(prompt, str) else None,
                                                     token_ids)
-        return self._run(results)
+        return self._run(results, _progress(len(results), use_tqdm))
 
-    def _run(self, results: dict[str, OutputAccumulator]) -> list[RequestOutput]:
+    def _run(self, results: dict[str, OutputAccumulator], progress: Any = None) -> list[RequestOutput]:
         pending = set(results)
         try:
             while pending:
@@ -79,8 +105,24 @@ class LLM:
                         results[delta.request_id].add(delta)
                         if delta.finished:
                             pending.discard(delta.request_id)
+                            if progress is not None:
+                                progress.update(1)
         except BaseException:
             for request_id in pending:   # leave the engine clean for the next call
                 self.engine.abort_request(request_id)
             raise
+        finally:
+            if progress is not None:
+                progress.close()
         return [acc.result() for acc in results.values()]
+
+
+def _progress(total: int, use_tqdm: bool) -> Any:
+    """A tqdm bar on a terminal (None otherwise, or without tqdm)."""
+    if not use_tqdm or not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="Processed prompts", unit="prompt")

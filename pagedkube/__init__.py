@@ -24,4 +24,16 @@ and operator/ in the repository; docs/design.md "Layout").
     builtin/           the 4 MB toy model, builtin://tiny
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """`from pagedkube import LLM, SamplingParams`, as `from vllm import LLM, SamplingParams`;
+    imported on first use, so `import pagedkube` stays torch-free."""
+    if name in ("LLM", "SamplingParams"):
+        from pagedkube import engine
+        return getattr(engine, name)
+    raise AttributeError(f"module 'pagedkube' has no attribute {name!r}")

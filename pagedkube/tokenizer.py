@@ -120,6 +120,16 @@ class Tokenizer:
             **kwargs,
         )
 
+    def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = False, tokenize: bool = True,
+                            **kwargs: Any) -> str | list[int]:
+        """transformers' apply_chat_template for one conversation of plain dicts (its defaults:
+        no generation prompt, token ids): the text, or its ids without added special tokens."""
+        if tools is not None:
+            kwargs["tools"] = tools
+        text = self.render_chat(conversation, add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
         # The template already carries the special tokens (as transformers does).
         return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
