@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 from typing import Any
 
 from pagedkube.defaults import default_of
@@ -27,6 +28,8 @@ def _server(name: str) -> Any:
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible engine server",
                               description="Serve a model with the paged-KV engine over an OpenAI-compatible API.")
+    p.add_argument("model_tag", nargs="?", metavar="MODEL",
+                   help="the model to serve, as `vllm serve MODEL` takes it (the same as --model)")
     add_engine_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default=_server("host"))
@@ -57,8 +60,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def build_config(args: argparse.Namespace) -> ServerConfig:
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"the model is given twice: {args.model_tag!r} and --model {args.model!r}")
     engine = EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        model=args.model_tag or args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
@@ -74,12 +79,32 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         observability=observability_from_args(args), tool_call_parser=args.tool_call_parser)
 
 
+def port_unavailable(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on (in use, no such address), or None when it can."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return str(exc)
+    for family, kind, proto, _, address in infos[:1]:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn binds
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args)
     except ValueError as exc:
         print(f"pagedkube serve: error: {exc}", flush=True)
+        return 2
+    busy = port_unavailable(config.host, config.port)
+    if busy:   # before the model loads, not a minute later
+        print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
         return 2
     import uvicorn
 
