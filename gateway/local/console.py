@@ -2,7 +2,7 @@
 
     engine-0 | INFO:     Uvicorn running on http://127.0.0.1:41233
     gateway  | scale up: 1 -> 2 engines (ready 1, queue depth 9, target 2 per engine)
-    status   | gateway   ready     http://127.0.0.1:8080
+    status   | gateway   listening http://127.0.0.1:8080
     status   | engine-0  ready     http://127.0.0.1:41233  (loaded in 11.2 s)
     status   | engine-1  loading   http://127.0.0.1:40117  (6 s)
 

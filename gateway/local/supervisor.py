@@ -137,7 +137,8 @@ class Supervisor:
             while not server.started and not serving.done():
                 await asyncio.sleep(0.05)
             if server.started:
-                self.console.set_state("gateway", "ready", f"http://{c.host}:{c.port}")
+                # "listening", not "ready": requests succeed once an engine is ready ("up | ready; try:")
+                self.console.set_state("gateway", "listening", f"http://{c.host}:{c.port}")
                 if c.initial_replicas() == 0:
                     self.console.log("up", "no engine yet: the first request starts one; try:")
                     self.console.log("up", curl_line(c.host, c.port, c.model_name))

