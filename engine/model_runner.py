@@ -29,6 +29,7 @@ import torch
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
+from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.loader import load_model, resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
@@ -100,19 +101,18 @@ def resolve_model_dir(model: str | None) -> str:
     return str(resolve_model_source(model).path)
 
 
-def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig) -> bool:
+def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig, gguf: GGUFFile | None = None) -> bool:
     """Whether the projections will hold packed int8/int4 weights (engine/quant): asked for
     with quantization int8/int4, or "auto" on a GGUF file with a projection stored in a type
-    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES)."""
+    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES). gguf: the file, already open."""
     if config.quantization in ("int8", "int4"):
         return True
     if config.quantization != "auto" or model_config.gguf_file is None:
         return False
     from pagedkube.engine.gguf.packing import PACKED_TYPES
-    from pagedkube.engine.gguf.reader import GGUFFile
     from pagedkube.engine.gguf.weights import is_projection
 
-    types = GGUFFile(model_config.gguf_file).tensor_types()
+    types = (gguf or GGUFFile(model_config.gguf_file)).tensor_types()
     return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
 
 
@@ -130,13 +130,19 @@ class ModelRunner:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config,
-                                   quantized=serves_quantized_weights(config, self.model_config))
+        # one parse of a GGUF file serves the type check and the load (gguf-py's reader takes seconds)
+        gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
+        quantized = serves_quantized_weights(config, self.model_config, gguf)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config, quantized=quantized)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
+        # both flags auto: each packed projection's kernel is measured here (engine/quant/calibrate.py);
+        # an explicit --quantization or --dtype is taken as given
+        calibrate = quantized and config.quantization == "auto" and config.dtype == "auto"
         self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
-                                config.quantization)
+                                config.quantization, gguf=gguf, calibrate=calibrate)
+        del gguf
         self.num_kv_blocks = self._num_kv_blocks()
         capture = resolve_decode_capture(config, self.device)
         cfg = self.model_config
