@@ -34,9 +34,9 @@ class FakeMeasure:
     def __init__(self):
         self.calls: list[tuple[Shape, str]] = []
 
-    def __call__(self, shape: Shape, candidate: str, dtype: torch.dtype) -> Timing:
-        self.calls.append((shape, candidate))
-        return Timing(*TIMES[shape][candidate])
+    def __call__(self, shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
+        self.calls += [(shape, c) for c in candidates]
+        return {c: Timing(*TIMES[shape][c]) for c in candidates}
 
 
 def timings(shapes) -> dict[Shape, dict[str, Timing]]:
@@ -110,12 +110,14 @@ def test_the_chosen_kernels_compute_the_weight_and_split_by_rows(tmp_path):
 
 
 def test_real_measurement_times_every_candidate_and_counts_the_kernel_bytes():
-    t = calibrate.measure(Shape("int4", 64, 64, 32), "int4-bf16", torch.float32)
-    assert t.decode_s > 0 and t.prefill_s > 0
-    packed = calibrate.build("int4-bf16", calibrate.synthetic_weight(Shape("int4", 64, 64, 32)))
-    assert t.bytes == calibrate.kernel_bytes(packed) == sum(
+    shape = Shape("int4", 64, 64, 32)
+    names = calibrate.candidates_for(shape, torch.float32)
+    times = calibrate.measure(shape, names, torch.float32)
+    assert list(times) == list(names) and all(t.decode_s > 0 and t.prefill_s > 0 for t in times.values())
+    packed = calibrate.build("int4-bf16", calibrate.synthetic_weight(shape))
+    assert times["int4-bf16"].bytes == calibrate.kernel_bytes(packed) == sum(
         x.numel() * x.element_size() for x in (packed.packed, packed.scale_zeros))
-    assert calibrate.measure(Shape("int4", 64, 64, 32), "dense-f32", torch.float32).bytes == 64 * 64 * 4
+    assert times["dense-f32"].bytes == 64 * 64 * 4 and times["dense-bf16"].bytes == 64 * 64 * 2
 
 
 # ---- on the default model: the engine's side ------------------------------------------------------------
