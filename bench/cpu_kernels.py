@@ -4,7 +4,9 @@ bf16 runs) and float32 (what every other CPU runs). Ratios are against dense flo
 
     python bench/cpu_kernels.py [--threads 2]
 
-No cache is read or written: every number is measured now. Prints a markdown table and the plan.
+No cache is read or written: every number is measured now. Prints a markdown table and the plan
+(the plan from the calibration's own timings, on calibrate.MEASURE_THREADS thread(s)); --threads
+other than that times the candidates at that thread count, to compare the ranking.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         print(f"\n{dtype} activations\n\n| shape | candidate | 1 row (us) | 64 rows (us) | MiB (x30) |\n|---|---|---|---|---|")
         for shape in SHAPES:
-            for c, t in calibrate.measure(shape, calibrate.candidates_for(shape, dtype), dtype).items():
+            names = calibrate.candidates_for(shape, dtype)
+            measure = calibrate.measure if args.threads == calibrate.MEASURE_THREADS else calibrate._measure
+            for c, t in measure(shape, names, dtype).items():
                 print(f"| {shape} | {c} | {t.decode_s * 1e6:.0f} | {t.prefill_s * 1e6:.0f} | "
                       f"{30 * t.bytes / 2**20:.1f} |")
         with tempfile.TemporaryDirectory() as tmp:
