@@ -17,6 +17,7 @@ decoding 1 token at position 9, block_size 4:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sysconfig
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
@@ -116,6 +118,22 @@ def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig, gg
     return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
 
 
+def allocate_kv_pool(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(k, v) zeroed caches per layer. Zeroed, not empty: the torch backend's decode reads whole
+    blocks and masks positions past seq_len out of the softmax, and a masked NaN left in v would
+    still turn 0 * NaN into NaN (engine/attention/torch_backend.py). On CPU the whole pool is one
+    numpy.zeros buffer: calloc takes it from the kernel's zero pages without writing them, so start-up
+    skips the fill and the resident memory grows with the blocks actually written."""
+    if device.type != "cpu":
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(num_layers)]
+    per_cache = math.prod(shape) * dtype.itemsize
+    raw = torch.from_numpy(np.zeros(2 * num_layers * per_cache, dtype=np.uint8))
+    caches = [raw[i * per_cache:(i + 1) * per_cache].view(dtype).view(shape) for i in range(2 * num_layers)]
+    return [(caches[2 * i], caches[2 * i + 1]) for i in range(num_layers)]
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor      # [T]
@@ -148,9 +166,7 @@ class ModelRunner:
         cfg = self.model_config
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
         shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
         self.decode_capture: DecodeCapture | None = None
