@@ -194,7 +194,6 @@ def calibrated_shapes(f: GGUFFile, cfg: ModelConfig) -> tuple[Counter[Shape], in
     projections whose pieces all share one packed type (they stay packed, engine/quant/assemble.py)."""
     fused = _fused_targets(cfg)
     kinds: dict[str, set[str]] = {}
-    rows: Counter[str] = Counter()
     file_bytes = 0
     sizes = f.tensor_bytes()
     for name, kind in f.tensor_types().items():
@@ -204,11 +203,11 @@ def calibrated_shapes(f: GGUFFile, cfg: ModelConfig) -> tuple[Counter[Shape], in
             file_bytes += sizes[name]
     counts: Counter[Shape] = Counter()
     for dst, types in kinds.items():
-        kind = next(iter(types)) if len(types) == 1 else None
-        if kind not in PACKED_TYPES:
+        stored = next(iter(types)) if len(types) == 1 else None
+        if stored not in PACKED_TYPES:
             continue
         n, k = _projection_shape(dst, cfg)
-        counts[Shape("int8" if kind == "Q8_0" else "int4", n, k, BLOCK_VALUES)] += 1
+        counts[Shape("int8" if stored == "Q8_0" else "int4", n, k, BLOCK_VALUES)] += 1
     return counts, file_bytes
 
 
@@ -246,9 +245,9 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
         for t in hf_tensors(gguf, cfg, packed=method == "gguf"):
             if isinstance(t.value, torch.Tensor) and t.ggml_type not in FLOAT_GGML_TYPES:
                 dequantized[t.ggml_type] += 1
-            sink.put(t.name, t.value, Path(cfg.gguf_file).name, t.ggml_type)
-        sink.finish(cfg.gguf_file)
-        _log_gguf(Path(cfg.gguf_file).name, method, dtype, dequantized, projections)
+            sink.put(t.name, t.value, gguf.path.name, t.ggml_type)
+        sink.finish(str(gguf.path))
+        _log_gguf(gguf.path.name, method, dtype, dequantized, projections)
     else:
         for file in checkpoint_files(cfg.model_dir):
             with safe_open(str(file), framework="pt", device="cpu") as f:
