@@ -40,8 +40,12 @@ from torch import nn
 from pagedkube.engine.config import QUANTIZATIONS
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
-from pagedkube.engine.gguf.packing import PACKED_TYPES
+from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES
+from pagedkube.engine.gguf.prepare import cache_root
+from pagedkube.engine.gguf.reader import GGUFFile
+from pagedkube.engine.gguf.weights import hf_name, hf_tensors, is_projection
 from pagedkube.engine.quant.assemble import ProjectionWeights
+from pagedkube.engine.quant.calibrate import MEMORY_FACTOR, KernelCalibration, Shape
 from pagedkube.engine.quant.formats import dequantize
 from pagedkube.engine.quant.linear import QuantLinear
 
@@ -185,8 +189,41 @@ class _Sink:
             raise ValueError(f"checkpoint in {where!r} lacks (or duplicates) tensors for {missing}")
 
 
+def calibrated_shapes(f: GGUFFile, cfg: ModelConfig) -> tuple[Counter[Shape], int]:
+    """(projection shape -> layers of it, the file's bytes of projection tensors) for the
+    projections whose pieces all share one packed type (they stay packed, engine/quant/assemble.py)."""
+    fused = _fused_targets(cfg)
+    kinds: dict[str, set[str]] = {}
+    file_bytes = 0
+    sizes = f.tensor_bytes()
+    for name, kind in f.tensor_types().items():
+        if is_projection(name):
+            dst, _ = _destination(hf_name(name), fused)
+            kinds.setdefault(dst, set()).add(kind)
+            file_bytes += sizes[name]
+    counts: Counter[Shape] = Counter()
+    for dst, types in kinds.items():
+        stored = next(iter(types)) if len(types) == 1 else None
+        if stored not in PACKED_TYPES:
+            continue
+        n, k = _projection_shape(dst, cfg)
+        counts[Shape("int8" if stored == "Q8_0" else "int4", n, k, BLOCK_VALUES)] += 1
+    return counts, file_bytes
+
+
+def _projection_shape(name: str, cfg: ModelConfig) -> tuple[int, int]:
+    """(out, in) of one of our projections, by its Hugging Face name."""
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * inter, h), "down_proj": (h, inter)}
+    return shapes[name.rsplit(".", 2)[-2]]
+
+
 def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
-               max_positions: int, quantization: str = "none") -> DecoderForCausalLM:
+               max_positions: int, quantization: str = "none", gguf: GGUFFile | None = None,
+               calibrate: bool = False) -> DecoderForCausalLM:
+    """gguf: cfg.gguf_file already open (one parse serves the caller's checks and the load).
+    calibrate: choose each packed projection's kernel by measurement (engine/quant/calibrate.py)."""
     method = resolve_quantization(quantization, cfg)
     linear = nn.Linear if method == "none" else QuantLinear
     with torch.device("meta"):
@@ -194,19 +231,23 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
     model.to(dtype=dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:                          # to_empty() unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
-    projections = None if method == "none" else ProjectionWeights(model, method, dtype, device)
+    if cfg.gguf_file is not None and gguf is None:
+        gguf = GGUFFile(cfg.gguf_file)
+    calibration = None
+    if calibrate and method == "gguf" and device.type == "cpu" and gguf is not None:
+        counts, file_bytes = calibrated_shapes(gguf, cfg)
+        if counts:
+            calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes), cache_root())
+    projections = None if method == "none" else ProjectionWeights(model, method, dtype, device, calibration)
     sink = _Sink(model, cfg, projections)
-    if cfg.gguf_file is not None:
-        from pagedkube.engine.gguf.reader import GGUFFile
-        from pagedkube.engine.gguf.weights import hf_tensors
-
+    if gguf is not None:
         dequantized: Counter[str] = Counter()
-        for t in hf_tensors(GGUFFile(cfg.gguf_file), cfg, packed=method == "gguf"):
+        for t in hf_tensors(gguf, cfg, packed=method == "gguf"):
             if isinstance(t.value, torch.Tensor) and t.ggml_type not in FLOAT_GGML_TYPES:
                 dequantized[t.ggml_type] += 1
-            sink.put(t.name, t.value, Path(cfg.gguf_file).name, t.ggml_type)
-        sink.finish(cfg.gguf_file)
-        _log_gguf(Path(cfg.gguf_file).name, method, dtype, dequantized, projections)
+            sink.put(t.name, t.value, gguf.path.name, t.ggml_type)
+        sink.finish(str(gguf.path))
+        _log_gguf(gguf.path.name, method, dtype, dequantized, projections)
     else:
         for file in checkpoint_files(cfg.model_dir):
             with safe_open(str(file), framework="pt", device="cpu") as f:

@@ -17,6 +17,7 @@ decoding 1 token at position 9, block_size 4:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import sysconfig
@@ -24,11 +25,13 @@ from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
+from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.loader import load_model, resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
@@ -100,20 +103,35 @@ def resolve_model_dir(model: str | None) -> str:
     return str(resolve_model_source(model).path)
 
 
-def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig) -> bool:
+def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig, gguf: GGUFFile | None = None) -> bool:
     """Whether the projections will hold packed int8/int4 weights (engine/quant): asked for
     with quantization int8/int4, or "auto" on a GGUF file with a projection stored in a type
-    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES)."""
+    the loader keeps packed (engine/gguf/packing.py PACKED_TYPES). gguf: the file, already open."""
     if config.quantization in ("int8", "int4"):
         return True
     if config.quantization != "auto" or model_config.gguf_file is None:
         return False
     from pagedkube.engine.gguf.packing import PACKED_TYPES
-    from pagedkube.engine.gguf.reader import GGUFFile
     from pagedkube.engine.gguf.weights import is_projection
 
-    types = GGUFFile(model_config.gguf_file).tensor_types()
+    types = (gguf or GGUFFile(model_config.gguf_file)).tensor_types()
     return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
+
+
+def allocate_kv_pool(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(k, v) zeroed caches per layer. Zeroed, not empty: the torch backend's decode reads whole
+    blocks and masks positions past seq_len out of the softmax, and a masked NaN left in v would
+    still turn 0 * NaN into NaN (engine/attention/torch_backend.py). On CPU the whole pool is one
+    numpy.zeros buffer: calloc takes it from the kernel's zero pages without writing them, so start-up
+    skips the fill and the resident memory grows with the blocks actually written."""
+    if device.type != "cpu":
+        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in range(num_layers)]
+    per_cache = math.prod(shape) * dtype.itemsize
+    raw = torch.from_numpy(np.zeros(2 * num_layers * per_cache, dtype=np.uint8))
+    caches = [raw[i * per_cache:(i + 1) * per_cache].view(dtype).view(shape) for i in range(2 * num_layers)]
+    return [(caches[2 * i], caches[2 * i + 1]) for i in range(num_layers)]
 
 
 @dataclass
@@ -130,21 +148,25 @@ class ModelRunner:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
         self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config,
-                                   quantized=serves_quantized_weights(config, self.model_config))
+        # one parse of a GGUF file serves the type check and the load (gguf-py's reader takes seconds)
+        gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
+        quantized = serves_quantized_weights(config, self.model_config, gguf)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config, quantized=quantized)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
+        # both flags auto: each packed projection's kernel is measured here (engine/quant/calibrate.py);
+        # an explicit --quantization or --dtype is taken as given
+        calibrate = quantized and config.quantization == "auto" and config.dtype == "auto"
         self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
-                                config.quantization)
+                                config.quantization, gguf=gguf, calibrate=calibrate)
+        del gguf
         self.num_kv_blocks = self._num_kv_blocks()
         capture = resolve_decode_capture(config, self.device)
         cfg = self.model_config
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
         shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(cfg.num_hidden_layers)]
+        self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
         self.decode_capture: DecodeCapture | None = None

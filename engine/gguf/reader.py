@@ -59,6 +59,10 @@ class GGUFFile:
     def tensor_types(self) -> dict[str, str]:
         return {t.name: t.tensor_type.name for t in self._reader.tensors}
 
+    def tensor_bytes(self) -> dict[str, int]:
+        """name -> the bytes the file stores for it."""
+        return {t.name: int(t.n_bytes) for t in self._reader.tensors}
+
     def tensors(self) -> Iterator[GGUFTensor]:
         for t in self._reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))

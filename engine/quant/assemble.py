@@ -18,6 +18,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from pagedkube.engine.quant.calibrate import KernelCalibration
 from pagedkube.engine.quant.formats import QuantizedWeight, dequantize
 from pagedkube.engine.quant.linear import QuantLinear
 from pagedkube.engine.quant.quantize import concat_rows, quantize
@@ -26,10 +27,13 @@ METHODS = ("gguf", "int8", "int4")
 
 
 class ProjectionWeights:
-    def __init__(self, model: nn.Module, method: str, dtype: torch.dtype, device: torch.device):
+    def __init__(self, model: nn.Module, method: str, dtype: torch.dtype, device: torch.device,
+                 calibration: KernelCalibration | None = None):
+        """calibration: the measured kernel choice for packed weights (CPU); None = make_kernel's."""
         if method not in METHODS:
             raise ValueError(f"ProjectionWeights: method must be one of {METHODS}, got {method!r}")
         self.method, self.dtype, self.device = method, dtype, device
+        self.calibration = calibration
         self.layers = {f"{name}.weight": m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
         self.pieces: dict[str, list[tuple[int, torch.Tensor | QuantizedWeight, str]]] = {n: [] for n in self.layers}
         self.rows = {name: 0 for name in self.layers}
@@ -68,9 +72,12 @@ class ProjectionWeights:
             dense = torch.cat([v.float() if isinstance(v, torch.Tensor) else dequantize(v) for v in values])
             weight = dense if self.method == "gguf" else quantize(dense, self.method)
         source = "+".join(stored) if self.method == "gguf" else f"{self.method} from {'+'.join(stored)}"
-        layer.set_weight(weight, self.dtype, self.device, source)
+        kernel, label = None, None
+        if self.calibration is not None and not isinstance(weight, torch.Tensor):
+            kernel, label = self.calibration.kernel(weight)
+        layer.set_weight(weight, self.dtype, self.device, source, kernel)
         assert layer.kernel is not None     # set_weight chose it
-        self.kernels[layer.kernel.name] += 1
+        self.kernels[label or layer.kernel.name] += 1
         self.done.add(name)
 
     def missing(self) -> list[str]:

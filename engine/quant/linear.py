@@ -42,11 +42,13 @@ CUDA_KERNELS = {Int8Weight: ("pagedkube.engine.quant.triton_w8a16", "w8a16_matmu
 
 @dataclass(frozen=True)
 class DenseKernel:
-    weight: torch.Tensor                         # [N, K] in the activation dtype
+    weight: torch.Tensor                         # [N, K], usually in the activation dtype
     name = "dense"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        # a weight in another dtype (bf16 under float32 activations, engine/quant/calibrate.py)
+        # computes in its own dtype; .to() of an equal dtype is a no-op
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,19 @@ class Int4PackKernel:
 
 
 @dataclass(frozen=True)
+class SplitKernel:
+    """Two kernels of one weight, chosen by measurement for decode-sized and prefill-sized
+    batches (engine/quant/calibrate.py): up to `max_decode_rows` rows run `decode`."""
+    decode: "Kernel"
+    prefill: "Kernel"
+    max_decode_rows: int
+    name = "split"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.decode if x.shape[0] <= self.max_decode_rows else self.prefill)(x)
+
+
+@dataclass(frozen=True)
 class TritonKernel:
     weight: QuantizedWeight                      # on the GPU, as formats.py defines it
     fn: Callable[[torch.Tensor, QuantizedWeight], torch.Tensor]
@@ -83,7 +98,7 @@ class TritonKernel:
         return self.fn(x, self.weight)
 
 
-Kernel = DenseKernel | Int8PackKernel | Int4PackKernel | TritonKernel
+Kernel = DenseKernel | Int8PackKernel | Int4PackKernel | SplitKernel | TritonKernel
 
 
 def cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -117,8 +132,18 @@ def make_kernel(w: torch.Tensor | QuantizedWeight, dtype: torch.dtype, device: t
         if w.group_size != k:                    # grouped (Q8_0): no torch kernel
             return DenseKernel(dequantize(w).to(dtype))
         return Int8PackKernel(w.qweight.contiguous(), w.scales.view(n).to(kdtype), kdtype)
-    if w.group_size not in TINYGEMM_GROUP_SIZES or n % TINYGEMM_N_MULTIPLE:
+    if not tinygemm_fits(w):
         return DenseKernel(dequantize(w).to(dtype))
+    return int4pack_kernel(w, kdtype)
+
+
+def tinygemm_fits(w: Int4Weight) -> bool:
+    """Whether torch's CPU int4 kernel takes this weight's group size and row count."""
+    return w.group_size in TINYGEMM_GROUP_SIZES and w.shape[0] % TINYGEMM_N_MULTIPLE == 0
+
+
+def int4pack_kernel(w: Int4Weight, kdtype: torch.dtype) -> Int4PackKernel:
+    """tinygemm's CPU layout of w, run with activations (and scales) in kdtype."""
     q = unpack_int4(w.qweight).to(torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)   # innerKTiles: unused on CPU
     zeros = w.mins + 8 * w.scales
@@ -141,12 +166,13 @@ class QuantLinear(nn.Module):
         self.source = "unset"                    # "Q4_1", "int8", "float", ...: what the weight came as
 
     def set_weight(self, w: torch.Tensor | QuantizedWeight, dtype: torch.dtype, device: torch.device,
-                   source: str) -> None:
+                   source: str, kernel: Kernel | None = None) -> None:
+        """kernel: one already built for w (a measured choice); else make_kernel's."""
         shape = tuple(w.shape)
         if shape != (self.out_features, self.in_features):
             raise ValueError(f"weight of shape {shape} for a linear layer of "
                              f"{(self.out_features, self.in_features)}")
-        self.kernel = make_kernel(w, dtype, device)
+        self.kernel = kernel if kernel is not None else make_kernel(w, dtype, device)
         self.source = source
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

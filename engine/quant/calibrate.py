@@ -1,0 +1,297 @@
+"""Projection kernels chosen by measurement on the CPU that runs them, not by its flags.
+
+Which way of computing y = x W^T is fastest depends on the CPU more than on anything its
+flags say (docs/benchmarks.md, "CPU kernels chosen by measurement"): on an AVX2-only EPYC
+torch's int4 kernel with float32 activations takes 48x a dense float32 matmul, and dense
+bf16 takes 3x, while on an AVX-512 bf16 one the packed int4 kernel wins. So at load, for
+each distinct projection (kind, N, K) of the model, each candidate the file's weights
+allow is built once from a synthetic weight of that shape and timed at a decode batch
+(DECODE_ROWS) and a prefill batch (PREFILL_ROWS), the candidates taking turns (`measure`):
+
+    candidate     weight kept as                      activations in the kernel
+    int4-bf16     tinygemm's packed int4 (exact Q4)   bf16 (x cast around it under float32)
+    int4-f32      tinygemm's packed int4              float32
+    dense-bf16    bf16 (Q4 values rounded to bf16)    bf16
+    dense-f32     float32 (Q4 values exactly)         float32
+
+int8 requantization of a Q4 file is not a candidate: it adds its own rounding on top of
+the file's (tests/engine/test_quant_quality.py: agreement 0.57 against 0.66 for the
+file's own Q4_1). f32 candidates exist only under float32 activations.
+
+`plan` then picks, per shape, the decode kernel and the prefill kernel under a memory
+budget (MEMORY_FACTOR x the file's projection bytes): it starts from the smallest
+candidate of each shape and takes the upgrade that saves the most decode time per added
+byte while the budget allows; then each shape's prefill kernel is the fastest one that
+still fits (the decode one when nothing else does). Only the chosen kernels are built
+from the real weights, one layer at a time.
+
+The timings (never the choice, which also depends on the budget) are cached in
+<cache>/cpu-kernels.json keyed by CPU model, torch version, threads timed on (MEASURE_THREADS), activation dtype,
+shape and candidate list, so a restart measures nothing; a corrupt file is ignored with
+a warning and rewritten.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
+from pagedkube.engine.quant.linear import DenseKernel, Kernel, SplitKernel, int4pack_kernel, tinygemm_fits
+
+log = logging.getLogger(__name__)
+
+CANDIDATES = ("int4-bf16", "int4-f32", "dense-bf16", "dense-f32")
+DECODE_ROWS = 1           # one decoding sequence: the weights are read once per token
+PREFILL_ROWS = 64         # a prompt chunk, or a decode batch of many sequences
+MAX_DECODE_ROWS = 8       # the geometric middle of the two: fewer rows run the decode kernel
+MEMORY_FACTOR = 1.5       # chosen projection kernels' bytes <= 1.5x the file's projection bytes
+MEASURE_SECONDS = 0.01    # per candidate: rounds of calls for ~10 ms (MIN_CALLS..MAX_CALLS rounds), the fastest kept
+MIN_CALLS, MAX_CALLS = 5, 200
+# Timings are taken on one thread: on a CPU shared with other processes a team of threads waits
+# for its preempted member, and whole stretches of calls ran ~8 ms slow for a 30 us kernel at two
+# threads (docs/benchmarks.md), which measures the neighbours, not the kernel. The ranking is
+# what the choice needs; that it holds at the engine's thread count is checked in the benchmark.
+MEASURE_THREADS = 1
+CACHE_FILE = "cpu-kernels.json"
+CACHE_VERSION = 2          # 2: the fastest single call (1 averaged rounds, which preemption skewed)
+ACT_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Shape:
+    kind: str            # "int4" (GGUF Q4_0/Q4_1/Q4_K, groups of group_size) or "int8" (Q8_0)
+    n: int               # output features
+    k: int               # input features
+    group_size: int
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.n}x{self.k}"
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    decode_s: float      # seconds per call at DECODE_ROWS
+    prefill_s: float     # seconds per call at PREFILL_ROWS
+    bytes: int           # the kernel's tensors
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    decode: str          # candidate names
+    prefill: str
+
+
+def shape_of(w: QuantizedWeight) -> Shape:
+    n, k = w.shape
+    return Shape("int4" if isinstance(w, Int4Weight) else "int8", n, k, w.group_size)
+
+
+def candidates_for(shape: Shape, dtype: torch.dtype) -> tuple[str, ...]:
+    """What the file's weights of this shape may run as under `dtype` activations."""
+    fits_int4 = shape.kind == "int4" and shape.group_size in (32, 64, 128, 256) and shape.n % 16 == 0
+    names = [c for c in CANDIDATES if fits_int4 or not c.startswith("int4")]
+    return tuple(c for c in names if dtype == torch.float32 or not c.endswith("-f32"))
+
+
+def build(candidate: str, w: QuantizedWeight) -> Kernel:
+    rep, act = candidate.split("-")
+    act_dtype = ACT_DTYPES[act]
+    if rep == "int4":
+        assert isinstance(w, Int4Weight) and tinygemm_fits(w), candidate
+        return int4pack_kernel(w, act_dtype)
+    return DenseKernel(dequantize(w).to(act_dtype).contiguous())
+
+
+def kernel_bytes(kernel: Kernel) -> int:
+    values = [getattr(kernel, f.name) for f in fields(kernel)]
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+def synthetic_weight(shape: Shape) -> QuantizedWeight:
+    """Random codes and scales: the kernels' speed does not depend on the values."""
+    gen = torch.Generator().manual_seed(0)
+    groups = (shape.n, shape.k // shape.group_size)
+    scales = torch.rand(groups, generator=gen) / 64 + 1e-3
+    if shape.kind == "int8":
+        q = torch.randint(-127, 128, (shape.n, shape.k), generator=gen, dtype=torch.int8)
+        return Int8Weight(q, scales, shape.group_size)
+    q = torch.randint(0, 256, (shape.n, shape.k // 2), generator=gen, dtype=torch.uint8)
+    return Int4Weight(q, scales, -8 * scales, shape.group_size)
+
+
+def _call_seconds(kernel: Kernel, x: torch.Tensor) -> float:
+    start = time.perf_counter()
+    kernel(x)
+    return time.perf_counter() - start
+
+
+def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
+    """Build each candidate for a synthetic weight of `shape` and time it with `dtype` activations.
+
+    Each timing is the fastest single call. The candidates take turns, one call each per round,
+    for at least MIN_CALLS rounds and up to MEASURE_SECONDS per candidate: on a CPU shared with
+    other work, a thread team waiting for a preempted thread makes every call of a stretch slow
+    by milliseconds, and taking turns spreads those stretches over every candidate alike.
+    Measured on MEASURE_THREADS thread(s), whatever the engine runs with (see there)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(MEASURE_THREADS)
+    try:
+        return _measure(shape, candidates, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
+    kernels = {c: build(c, synthetic_weight(shape)) for c in candidates}
+    gen = torch.Generator().manual_seed(1)
+    xs = (torch.randn(DECODE_ROWS, shape.k, generator=gen).to(dtype),
+          torch.randn(PREFILL_ROWS, shape.k, generator=gen).to(dtype))
+    best = {c: [float("inf"), float("inf")] for c in candidates}
+    spent = 0.0
+    with torch.inference_mode():
+        for kernel in kernels.values():              # first calls: allocations, oneDNN's plan
+            for x in xs:
+                kernel(x)
+        rounds = 0
+        while rounds < MIN_CALLS or (rounds < MAX_CALLS and spent < MEASURE_SECONDS * len(candidates)):
+            for c, kernel in kernels.items():
+                for i, x in enumerate(xs):
+                    seconds = _call_seconds(kernel, x)
+                    best[c][i] = min(best[c][i], seconds)
+                    spent += seconds
+            rounds += 1
+    return {c: Timing(best[c][0], best[c][1], kernel_bytes(kernels[c])) for c in candidates}
+
+
+Measure = Callable[[Shape, tuple[str, ...], torch.dtype], dict[str, Timing]]
+
+
+def plan(counts: dict[Shape, int], timings: dict[Shape, dict[str, Timing]], budget: int) -> dict[Shape, Choice]:
+    """Decode kernels first (greedy by decode seconds saved per byte added), then prefill
+    kernels where the budget still holds a second one. Deterministic for given inputs."""
+    decode = {s: min(t, key=lambda c: (t[c].bytes, t[c].decode_s, c)) for s, t in timings.items()}
+    used = sum(counts[s] * timings[s][c].bytes for s, c in decode.items())
+    while True:
+        best = None
+        for s in sorted(timings):
+            cur = timings[s][decode[s]]
+            for c, t in sorted(timings[s].items()):
+                gain = counts[s] * (cur.decode_s - t.decode_s)
+                cost = counts[s] * (t.bytes - cur.bytes)
+                if gain <= 0 or used + cost > budget:
+                    continue
+                rank = gain / max(cost, 1)
+                if best is None or rank > best[0]:
+                    best = (rank, s, c, cost)
+        if best is None:
+            break
+        _, s, c, cost = best
+        decode[s], used = c, used + cost
+    choices = {}
+    for s in sorted(timings, key=lambda s: (-counts[s] * timings[s][decode[s]].prefill_s, s)):
+        prefill = decode[s]
+        for c, t in sorted(timings[s].items(), key=lambda item: (item[1].prefill_s, item[0])):
+            extra = 0 if c == decode[s] else counts[s] * t.bytes
+            if used + extra <= budget:
+                prefill, used = c, used + extra
+                break
+        choices[s] = Choice(decode[s], prefill)
+    return choices
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_key(shape: Shape, dtype: torch.dtype, candidates: tuple[str, ...]) -> str:
+    return (f"{cpu_model()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
+            f"{str(dtype).removeprefix('torch.')}|{shape.kind} {shape.n}x{shape.k} g{shape.group_size}|"
+            f"{','.join(candidates)}")
+
+
+class KernelCalibration:
+    """The measured kernel choice for one model's projections (engine/quant/assemble.py asks it)."""
+
+    def __init__(self, counts: dict[Shape, int], dtype: torch.dtype, budget: int, cache_dir: Path,
+                 measure_fn: Measure = measure):
+        self.dtype, self.budget = dtype, budget
+        self.cache_path = Path(cache_dir) / CACHE_FILE
+        start = time.perf_counter()
+        cache = self._read_cache()
+        timings: dict[Shape, dict[str, Timing]] = {}
+        measured = 0
+        for shape in sorted(counts):
+            names = candidates_for(shape, dtype)
+            key = cache_key(shape, dtype, names)
+            if key not in cache:
+                cache[key] = {c: list(astuple(t)) for c, t in measure_fn(shape, names, dtype).items()}
+                measured += 1
+            timings[shape] = {c: Timing(*cache[key][c]) for c in names}
+        if measured:
+            self._write_cache(cache)
+        self.choices = plan(counts, timings, budget)
+        self.used = sum(counts[s] * (timings[s][c.decode].bytes + (timings[s][c.prefill].bytes
+                                                                    if c.prefill != c.decode else 0))
+                        for s, c in self.choices.items())
+        how = f"measured {measured} shape(s) in {time.perf_counter() - start:.1f} s" if measured else "cached"
+        log.info("projection kernels chosen by measurement (%s, %s activations; %s): %s; %.0f of %.0f MiB",
+                 how, str(dtype).removeprefix("torch."), self.cache_path,
+                 "; ".join(f"{s} decode {c.decode} prefill {c.prefill}" for s, c in sorted(self.choices.items())),
+                 self.used / 2**20, budget / 2**20)
+
+    def kernel(self, w: QuantizedWeight) -> tuple[Kernel | None, str | None]:
+        """The chosen kernel(s) for this weight and their name, e.g. "int4-bf16/dense-bf16"
+        (decode/prefill); (None, None) for a shape that was not calibrated."""
+        choice = self.choices.get(shape_of(w))
+        if choice is None:
+            return None, None
+        decode = build(choice.decode, w)
+        if choice.prefill == choice.decode:
+            return decode, choice.decode
+        return SplitKernel(decode, build(choice.prefill, w), MAX_DECODE_ROWS), f"{choice.decode}/{choice.prefill}"
+
+    def _read_cache(self) -> dict[str, dict[str, list]]:
+        try:
+            data = json.loads(self.cache_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("ignoring the kernel timing cache %s: %s", self.cache_path, e)
+            return {}
+        entries = data.get("entries") if isinstance(data, dict) and data.get("version") == CACHE_VERSION else None
+        if not isinstance(entries, dict) or not all(_valid_entry(v) for v in entries.values()):
+            log.warning("ignoring the kernel timing cache %s: not a version %d timing table",
+                        self.cache_path, CACHE_VERSION)
+            return {}
+        return entries
+
+    def _write_cache(self, entries: dict[str, dict[str, list]]) -> None:
+        """Atomically (write a sibling, rename): two engines starting together never read half a file."""
+        try:
+            self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".cpu-kernels-", dir=self.cache_path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.cache_path)
+        except OSError as e:
+            log.warning("cannot write the kernel timing cache %s: %s", self.cache_path, e)
+
+
+def _valid_entry(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(t, list) and len(t) == 3 and all(isinstance(v, (int, float)) for v in t) for t in value.values())
