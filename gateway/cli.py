@@ -22,6 +22,7 @@ def _affinity_depth(value: str) -> int | None:
     if depth < 0:
         raise argparse.ArgumentTypeError(f"expected 'head' or an integer >= 0, got {value!r}")
     return depth
+from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args, limited_http_protocol
 from pagedkube.observability import add_observability_args, observability_from_args
 
 
@@ -91,6 +92,7 @@ def register(subparsers) -> None:
                         f"(default 0: 503 at once; with --autoscale {DEFAULT_HOLD_TIMEOUT_S:g}, for scale from zero)")
     p.add_argument("--log-level", default="info")
     add_autoscale_args(p)
+    add_head_limit_args(p)
     add_observability_args(p)
     p.set_defaults(func=run)
 
@@ -103,7 +105,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         affinity_depth=args.affinity_depth, pending_ttl=args.pending_ttl, api_keys_file=args.api_keys,
         engine_api_key=args.engine_api_key,
         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
-        route_headers=args.route_headers, max_attempts=args.max_attempts,
+        head_limits=head_limits_from_args(args), route_headers=args.route_headers, max_attempts=args.max_attempts,
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
@@ -129,5 +131,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pagedkube gateway: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
+    from pagedkube.gateway.errors import error_body
+
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
+                http=limited_http_protocol(config.head_limits, error_body))
     return 0

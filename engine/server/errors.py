@@ -30,9 +30,11 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",   # the client was too slow: its request, not the server, failed
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "server_error",
     503: "service_unavailable",

@@ -14,6 +14,7 @@ from typing import Any
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.model_source import MODEL_FLAG_HELP
 from pagedkube.observability import add_observability_args, observability_from_args
 
@@ -108,6 +109,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
                    help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_head_limit_args(p)
     add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
@@ -126,7 +128,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
-                        observability=observability_from_args(args))
+                        head_limits=head_limits_from_args(args), observability=observability_from_args(args))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -140,10 +142,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from pagedkube.engine.server.app import create_app
     from pagedkube.engine.server.draining import DrainingServer
+    from pagedkube.engine.server.errors import error_body
+    from pagedkube.http_head_limits import limited_http_protocol
 
     app = create_app(config)
+    http = limited_http_protocol(config.head_limits, lambda status, message, code: error_body(status, message, code=code))
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop),
+                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop, http=http),
                             app.state.server)
     server.run()
     if not server.started:
