@@ -7,6 +7,8 @@ import json
 
 from starlette.responses import Response
 
+from pagedkube.echo import echo
+
 # HTTP status -> OpenAI error type, as engine/server/errors.py ERROR_TYPES (the gateway
 # must import without the engine, so the few it answers itself are repeated here).
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_exceeded", 503: "service_unavailable"}
@@ -54,7 +56,8 @@ def unauthorized() -> GatewayError:
 
 
 def model_not_found(model: str) -> GatewayError:
-    return GatewayError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model", "model_not_found")
+    return GatewayError(404, f"The model `{echo(model)}` does not exist.", "invalid_request_error", "model",
+                        "model_not_found")
 
 
 def rate_limited(name: str, retry_after: str) -> GatewayError:

@@ -59,13 +59,14 @@ class APIKeyMiddleware:
 
     def __init__(self, app: Any, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        # RFC 9110: the scheme is case-insensitive (`bearer` too), one or more spaces before the token.
+        scheme, _, token = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
             return await self.app(scope, receive, send)
         response = JSONResponse(error_body(401, "Incorrect API key provided (expected `Authorization: Bearer KEY`)",
                                            code="invalid_api_key"), status_code=401,

@@ -47,8 +47,7 @@ async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bo
             yield _sse(fmt.chunk([], fmt.usage(), True))
         yield "data: [DONE]\n\n"
     except APIError as exc:
-        yield sse_error_event(exc)
-        yield "data: [DONE]\n\n"
+        yield sse_error_event(exc)   # and no [DONE]: the answer is not whole (docs/interfaces.md)
     finally:
         gen.close()
 

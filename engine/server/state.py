@@ -9,6 +9,7 @@ from typing import Any
 
 from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.echo import echo
 from pagedkube.engine.server.errors import DRAINING, NOT_READY, APIError
 from pagedkube.piece_cache import CachedEncoder
 
@@ -59,7 +60,7 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            raise APIError(404, f"The model `{echo(model)}` does not exist.", param="model", code="model_not_found")
 
     def check_accepting(self) -> None:
         if self.draining:
