@@ -18,9 +18,10 @@ from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
 from pagedkube.engine.server.serving import (ClientDisconnected, Generation, Prepared, collect, new_request_id,
                                              prepare, render_chat, tokenizer_for)
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.text_check import TextCheckedRoute
 
 logger = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=TextCheckedRoute)   # 400 for text that is not Unicode (text_check.py)
 
 
 def _state(request: Request) -> ServerState:
