@@ -41,6 +41,7 @@ DEFAULT_EJECT_SECONDS = 10.0
 @dataclass(slots=True)
 class Endpoint:
     url: str
+    name: str = ""              # the pod's name when discovery knows it: metric labels show this, not the address
     discovered: str = NOT_READY
     in_flight: int = 0
     waiting: int = 0            # the engine's queue at the last scrape (the autoscaler's signal)
@@ -70,9 +71,10 @@ class EndpointSet:
         self._changed = asyncio.Event()  # binds to a loop on first wait (Python >= 3.10)
 
     # -- discovery -------------------------------------------------------------
-    def update(self, states: Mapping[str, str]) -> None:
+    def update(self, states: Mapping[str, str], names: Mapping[str, str] | None = None) -> None:
         """Replace the discovered set: `states` maps every endpoint URL that exists
-        now to ready / not_ready / terminating. Endpoints not in it are removed."""
+        now to ready / not_ready / terminating. Endpoints not in it are removed.
+        `names`: URL -> pod name, where discovery knows it."""
         for url, state in states.items():
             if state not in (READY, NOT_READY, TERMINATING):
                 raise ValueError(f"unknown endpoint state {state!r} for {url}")
@@ -81,7 +83,9 @@ class EndpointSet:
         for url in removed:
             del self._endpoints[url]
         for url, state in states.items():
-            self._endpoints.setdefault(url, Endpoint(url)).discovered = state
+            endpoint = self._endpoints.setdefault(url, Endpoint(url))
+            endpoint.discovered = state
+            endpoint.name = (names or {}).get(url, endpoint.name)
         for listener in self._listeners:
             listener(added, removed)
         self._notify()
@@ -112,9 +116,15 @@ class EndpointSet:
         urls = self._endpoints if urls is None else urls
         return {u: e.in_flight + e.others for u in urls if (e := self._endpoints.get(u)) is not None}
 
+    def label(self, url: str) -> str:
+        """How metrics name an endpoint: its pod's name under Kubernetes discovery (an engine's
+        address is nobody's business on an open /metrics), else the URL as configured."""
+        e = self._endpoints.get(url)
+        return e.name if e is not None and e.name else url
+
     def load_parts(self) -> dict[str, tuple[int, int]]:
-        """Each endpoint's (in_flight, others): the two halves of `loads()`."""
-        return {u: (e.in_flight, e.others) for u, e in sorted(self._endpoints.items())}
+        """Each endpoint's (in_flight, others), the two halves of `loads()`, by label()."""
+        return {self.label(u): (e.in_flight, e.others) for u, e in sorted(self._endpoints.items())}
 
     def in_flight(self, url: str) -> int:
         e = self._endpoints.get(url)

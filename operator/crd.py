@@ -58,6 +58,9 @@ MODEL = _obj({
 }, "Which model to serve.", required=["source"], **{"x-kubernetes-validations": [{
     "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source.startsWith('builtin://')",
     "message": "model.source must use the hf://, pvc:// or builtin:// scheme",
+}, {
+    "rule": f"!self.source.matches('{d.DOT_DOT_SEGMENT}')",
+    "message": "model.source must not have a '..' segment",
 }]})
 
 AUTOSCALING = _obj({
@@ -111,12 +114,20 @@ GATEWAY = _obj({
         "loadBound": {"type": "number", "minimum": 1.0, "maximum": 10.0, "default": d.DEFAULT_LOAD_BOUND,
                       "description": "c in consistent hashing with bounded loads."},
     }, default={}),
-    "apiKeySecretRef": _secret_ref("Secret with key api-keys.yaml (docs/operator.md)."),
+    "apiKeySecretRef": _secret_ref("Your own Secret with key api-keys.yaml (keys, rate limits, tenant salts; "
+                                   "docs/operator.md), instead of the generated <name>-api-key."),
+    "requireApiKey": {"type": "boolean", "default": True,
+                      "description": "false: the gateway serves anyone who reaches it (no key at all). Default "
+                                     "true: apiKeySecretRef's keys, or one generated key in the Secret "
+                                     "<name>-api-key (key api-key)."},
     "serviceType": _str(enum=list(d.SERVICE_TYPES), default="ClusterIP"),
     "routeHeaders": {"type": "boolean", "default": False,
                      "description": "Send x-pagedkube-endpoint / x-pagedkube-route (internal engine addresses) "
                                     "to clients (gateway --route-headers). Off by default."},
-}, "The gateway in front of the engines.")
+}, "The gateway in front of the engines.", **{"x-kubernetes-validations": [{
+    "rule": "!has(self.requireApiKey) || self.requireApiKey || !has(self.apiKeySecretRef)",
+    "message": "gateway.requireApiKey false contradicts gateway.apiKeySecretRef; drop one",
+}]})
 
 SELECTOR = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
             "description": "A label selector (matchLabels, matchExpressions); {} selects everything."}

@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping
 from pagedkube.operator import naming
 from pagedkube.operator.builders import build_children
 from pagedkube.operator.builders.monitoring import SERVICEMONITOR_CRD
-from pagedkube.operator.builders.security import build_engine_secret, secret_version
+from pagedkube.operator.builders.security import (
+    build_engine_secret, build_gateway_keys_secret, generates_gateway_key, secret_version)
 from pagedkube.operator.drift import needs_apply, with_hash
 from pagedkube.operator.kube import Kube
 from pagedkube.operator.spec import LLMServiceSpec
@@ -51,20 +52,32 @@ class Reconciler:
         svc = svc if svc is not None else LLMServiceSpec.from_body(body)
         with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
         version = secret_version(self.engine_secret(body, svc))
+        keys = secret_version(self.gateway_keys_secret(body, svc)) if generates_gateway_key(svc) else ""
         return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor,
-                                                     secret_version=version)]
+                                                     secret_version=version, keys_version=keys)]
 
     def engine_secret(self, body: Mapping[str, Any], svc: LLMServiceSpec) -> dict[str, Any]:
-        """The generated Secret as it is live: created once with fresh random values, never
+        """The generated engine Secret as it is live: created once with fresh random values, never
         changed afterwards (no rotation by reconcile; docs/operator.md)."""
-        name = naming.engine_secret_name(svc.name)
-        live = self.kube.get("v1", "Secret", svc.namespace, name)
+        return self._created_once(body, svc.namespace, naming.engine_secret_name(svc.name),
+                                  lambda: build_engine_secret(svc, api_key=self.token(), hash_seed=self.token()),
+                                  "engine API key and cache hash seed")
+
+    def gateway_keys_secret(self, body: Mapping[str, Any], svc: LLMServiceSpec) -> dict[str, Any]:
+        """The generated client key's Secret, the same way: the gateway is closed by default."""
+        return self._created_once(body, svc.namespace, naming.gateway_keys_secret_name(svc.name),
+                                  lambda: build_gateway_keys_secret(svc, api_key=self.token()),
+                                  "the gateway's API key: read it from key api-key")
+
+    def _created_once(self, body: Mapping[str, Any], namespace: str, name: str,
+                      build: Callable[[], dict[str, Any]], what: str) -> dict[str, Any]:
+        live = self.kube.get("v1", "Secret", namespace, name)
         if live is not None:
             return live
-        created = self.kube.create(build_engine_secret(svc, api_key=self.token(), hash_seed=self.token()))
+        created = self.kube.create(build())   # random values drawn only for a Secret to make
         if created is None:   # someone made it between our get and create: theirs stands
-            return self.kube.get("v1", "Secret", svc.namespace, name) or {}
-        self.emit(body, "Normal", "Created", f"Secret {name} (engine API key and cache hash seed)")
+            return self.kube.get("v1", "Secret", namespace, name) or {}
+        self.emit(body, "Normal", "Created", f"Secret {name} ({what})")
         return created
 
     def reconcile(self, body: Mapping[str, Any], restoring: bool = False) -> dict[str, Any]:

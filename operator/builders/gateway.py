@@ -13,13 +13,14 @@ from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, pod_security_context, readiness_probe,
     tcp_liveness_probe)
-from pagedkube.operator.builders.security import SECRET_VERSION_ANNOTATION, engine_api_key_env
+from pagedkube.operator.builders.security import (
+    API_KEYS_FILE_KEY, KEYS_VERSION_ANNOTATION, SECRET_VERSION_ANNOTATION, engine_api_key_env, gateway_keys_secret)
 from pagedkube.operator.spec import LLMServiceSpec
 
 GATEWAY_CONTAINER = "gateway"
 API_KEYS_VOLUME = "api-keys"
 API_KEYS_DIR = "/etc/pagedkube/api-keys"
-API_KEYS_KEY = "api-keys.yaml"   # the key inside the Secret (docs/interfaces.md)
+API_KEYS_KEY = API_KEYS_FILE_KEY
 
 
 def gateway_args(svc: LLMServiceSpec) -> list[str]:
@@ -29,7 +30,7 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
             "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
     if pending_ttl_for(g.replicas) == 0:
         args += ["--pending-ttl", "0"]   # several replicas: each would know only its own routes
-    if g.api_key_secret:
+    if gateway_keys_secret(svc):   # closed by default: the user's keys or the generated one
         args += ["--api-keys", f"{API_KEYS_DIR}/{API_KEYS_KEY}"]
     if g.route_headers:
         args += ["--route-headers"]
@@ -42,14 +43,15 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
     return args
 
 
-def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> dict[str, Any]:
-    """secret_version: as for the engines, so both sides restart onto a re-created key together."""
+def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "", keys_version: str = "") -> dict[str, Any]:
+    """secret_version: as for the engines, so both sides restart onto a re-created key together;
+    keys_version: the generated client key's, so the gateway restarts onto a re-created one."""
     g = svc.gateway
     volumes = [TMP_VOLUME]
     mounts = [TMP_MOUNT]
-    if g.api_key_secret:
+    if keys_secret := gateway_keys_secret(svc):
         volumes.append({"name": API_KEYS_VOLUME, "secret": {
-            "secretName": g.api_key_secret, "items": [{"key": API_KEYS_KEY, "path": API_KEYS_KEY}]}})
+            "secretName": keys_secret, "items": [{"key": API_KEYS_KEY, "path": API_KEYS_KEY}]}})
         mounts.append({"name": API_KEYS_VOLUME, "mountPath": API_KEYS_DIR, "readOnly": True})
     env = [*HOME_ENV,
            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -81,7 +83,8 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> d
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": naming.labels(svc.name, "gateway"),
-                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
+                             **maybe("annotations", {**maybe(SECRET_VERSION_ANNOTATION, secret_version),
+                                                     **maybe(KEYS_VERSION_ANNOTATION, keys_version)})},
                 "spec": {
                     "serviceAccountName": naming.gateway_name(svc.name),
                     "enableServiceLinks": False,

@@ -260,6 +260,12 @@ def test_pdb_allows_draining_one_engine_at_a_time() -> None:
     ({"model": {"source": "builtin://tiny"}, "autoscaling": {"minReplicas": 5, "maxReplicas": 4}}, "exceeds"),
     ({"model": {"source": "builtin://tiny"}, "engine": {"blockSize": 12}}, "blockSize must be one of"),
     ({"model": {"source": "builtin://tiny"}, "gateway": {"routing": {"loadBound": 0.5}}}, "loadBound"),
+    ({"model": {"source": "pvc://c/../x"}}, "has a '..' segment"),
+    ({"model": {"source": "pvc://claim/../../var/run/secrets/kubernetes.io"}}, "has a '..' segment"),
+    ({"model": {"source": "pvc://claim/models/.."}}, "has a '..' segment"),
+    ({"model": {"source": "hf://org/name@../main"}}, "has a '..' segment"),
+    ({"model": {"source": "builtin://tiny"}, "gateway": {"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}},
+     "spec.gateway.requireApiKey false contradicts"),
 ])
 def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -44,7 +44,7 @@ CHILD_RESOURCES = {
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets", "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Secret": "v1/secrets",
 }
-ALL_CHILDREN = 11   # build_children's 10 with a ServiceMonitor, and the generated Secret
+ALL_CHILDREN = 12   # build_children's 10 with a ServiceMonitor, and the two generated Secrets
 LLMSERVICE = "pagedkube.io/v1alpha1/llmservices"
 RESOURCES: dict[str, Any] = {
     LLMSERVICE: dict(kind="LLMService", namespaced=True, subresources={"status", "scale"}),
@@ -216,7 +216,7 @@ async def test_no_service_monitor_without_the_prometheus_operator(operator: Clus
     assert sorted(children_in(operator)) == [
         "Deployment/demo-engine", "Deployment/demo-gateway", "NetworkPolicy/demo-engine",
         "PodDisruptionBudget/demo-engine", "Role/demo-gateway", "RoleBinding/demo-gateway",
-        "Secret/demo-engine-secret", "Service/demo", "Service/demo-engine", "ServiceAccount/demo-gateway"]
+        "Secret/demo-api-key", "Secret/demo-engine-secret", "Service/demo", "Service/demo-engine", "ServiceAccount/demo-gateway"]
 
 
 async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulator) -> None:
@@ -387,6 +387,9 @@ async def test_the_engine_secret_is_made_once_never_rotated_and_remade_if_delete
 
     await asyncio.to_thread(reconciler.reconcile, body)
     assert secret() == {"api-key": "token-0", "hash-seed": "token-1"}
+    # Closed by default: the gateway's client key, made the same way, for the user to read.
+    client = obj(cluster, "v1/secrets", "demo-api-key")["data"]
+    assert base64.b64decode(client["api-key"]).decode() == "token-2"
     owner = obj(cluster, "v1/secrets", "demo-engine-secret")["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"]) == ("LLMService", body["metadata"]["uid"])
     first = annotation("demo-engine")
@@ -398,5 +401,5 @@ async def test_the_engine_secret_is_made_once_never_rotated_and_remade_if_delete
     assert annotation("demo-engine") == first
     await user.call("DELETE", api_path("v1", "Secret", NS, "demo-engine-secret"))
     await asyncio.to_thread(reconciler.reconcile, body)
-    assert secret() == {"api-key": "token-2", "hash-seed": "token-3"}
+    assert secret() == {"api-key": "token-3", "hash-seed": "token-4"}
     assert annotation("demo-engine") == annotation("demo-gateway") != first
