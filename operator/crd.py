@@ -106,7 +106,8 @@ ENGINE = _obj({
 
 GATEWAY = _obj({
     "replicas": _int(1, 100, d.DEFAULT_GATEWAY_REPLICAS),
-    "image": _str("Gateway image. Default: this release's."),
+    "image": _str("Gateway image. Used only when the operator runs with --allow-gateway-image (the chart's "
+                  "operator.allowGatewayImage); otherwise this release's image runs."),
     "imagePullPolicy": PULL_POLICY,
     "resources": RESOURCES,
     "routing": _obj({

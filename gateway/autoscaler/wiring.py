@@ -16,12 +16,12 @@ if TYPE_CHECKING:
 def kube_target(config: Any, api: Any = None) -> ScaleTarget:
     """The LLMService scale subresource, acting only while holding the Lease `<llmservice>-autoscaler`."""
     from pagedkube.gateway.autoscaler.kube import KubeScaleTarget, default_api
-    from pagedkube.gateway.autoscaler.lease import DEFAULT_LEASE_DURATION_S, LeaseElector, default_identity
+    from pagedkube.gateway.autoscaler.lease import DEFAULT_LEASE_DURATION_S, LeaseElector, default_identity, lease_name
 
     a = config.autoscale
     api = api if api is not None else default_api()
     duration = max(DEFAULT_LEASE_DURATION_S, int(3 * a.interval) + 1)
-    lease = LeaseElector(api, config.namespace, f"{a.llmservice}-autoscaler", default_identity(), duration)
+    lease = LeaseElector(api, config.namespace, lease_name(a.llmservice), default_identity(), duration)
     return KubeScaleTarget(api, config.namespace, a.llmservice, config.kube_service, lease)
 
 

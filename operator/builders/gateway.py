@@ -43,9 +43,13 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
     return args
 
 
-def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "", keys_version: str = "") -> dict[str, Any]:
+def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "", keys_version: str = "",
+                             allow_image: bool = False) -> dict[str, Any]:
     """secret_version: as for the engines, so both sides restart onto a re-created key together;
-    keys_version: the generated client key's, so the gateway restarts onto a re-created one."""
+    keys_version: the generated client key's, so the gateway restarts onto a re-created one.
+    allow_image: spec.gateway.image is used; otherwise the release's image runs whatever the spec
+    says, as the gateway's ServiceAccount holds rights an LLMService author should not pick the
+    code for (the operator's --allow-gateway-image)."""
     g = svc.gateway
     volumes = [TMP_VOLUME]
     mounts = [TMP_MOUNT]
@@ -59,7 +63,7 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "", keys
            *engine_api_key_env(svc, "PAGEDKUBE_ENGINE_API_KEY")]   # the gateway's --engine-api-key
     container = {
         "name": GATEWAY_CONTAINER,
-        "image": g.image or naming.GATEWAY_IMAGE,
+        "image": (g.image if allow_image else "") or naming.GATEWAY_IMAGE,
         **maybe("imagePullPolicy", g.image_pull_policy),
         "command": ["pagedkube"],
         "args": gateway_args(svc),

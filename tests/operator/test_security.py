@@ -164,3 +164,12 @@ def test_your_own_gateway_keys_or_an_explicit_opt_out() -> None:
     open_ = objects(svc(gateway={"requireApiKey": False}))["Deployment/demo-gateway"]["spec"]["template"]["spec"]
     assert "--api-keys" not in open_["containers"][0]["args"]
     assert [v["name"] for v in open_["volumes"]] == ["tmp"]
+
+
+def test_the_gateway_image_is_the_operators_unless_the_cluster_allows_a_choice() -> None:
+    s = svc(gateway={"image": "registry.example.com/my-gateway:evil"})
+    pinned = {f"{c['kind']}/{c['metadata']['name']}": c for c in build_children(s, with_service_monitor=False)}
+    assert container(pinned, "demo-gateway")["image"] == naming.GATEWAY_IMAGE
+    allowed = {f"{c['kind']}/{c['metadata']['name']}": c
+               for c in build_children(s, with_service_monitor=False, allow_gateway_image=True)}
+    assert container(allowed, "demo-gateway")["image"] == "registry.example.com/my-gateway:evil"
