@@ -135,7 +135,7 @@ class Gateway:
             from pagedkube.gateway.autoscaler.wiring import build_autoscaler
 
             self.autoscaler = build_autoscaler(self.config, self.endpoints, self.hold, self.metrics.registry,
-                                               self.scale_target)
+                                               self.scale_target, self.control, self.watcher.max_model_len)
             self.autoscaler.start()
 
     async def stop(self) -> None:

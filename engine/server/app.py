@@ -136,9 +136,23 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         """Readiness: the engine is loaded and the server is not draining."""
         if state.ready:
             return JSONResponse({"status": "ready"})
-        reason = "draining" if state.draining else "not ready"
+        reason = "draining" if state.refusing else "not ready"
         return JSONResponse(error_body(503, f"the server is {reason}", code=reason.replace(" ", "_")),
                             status_code=503, headers={"Retry-After": "1"})
+
+    @app.post("/drain")
+    async def drain() -> dict:
+        """A scale-in chose this engine: refuse new requests (503 `draining`, /ready 503, so a
+        Kubernetes ReplicaSet removes this pod first), finish those in flight. The answer says
+        how many are left; the autoscaler polls it until 0 (docs/autoscaling.md)."""
+        state.drain_requested = True
+        return {"draining": True, "in_flight": state.in_flight}
+
+    @app.delete("/drain")
+    async def undrain() -> dict:
+        """The scale-in was called off: serve again (not after SIGTERM, which is final)."""
+        state.drain_requested = False
+        return {"draining": state.draining, "in_flight": state.in_flight}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,9 +1,12 @@
 """Builds the autoscaler from the parts a Gateway passes (called from Gateway.start)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+import httpx
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
+from pagedkube.gateway.autoscaler.drain import EngineDrainer
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.target import ScaleTarget
 from pagedkube.gateway.endpoints import EndpointSet
@@ -26,10 +29,14 @@ def kube_target(config: Any, api: Any = None) -> ScaleTarget:
 
 
 def build_autoscaler(config: Any, endpoints: EndpointSet, hold: HoldQueue, registry: CollectorRegistry,
-                     target: ScaleTarget | None) -> Autoscaler:
+                     target: ScaleTarget | None, control: httpx.AsyncClient,
+                     max_model_len: Callable[[], int | None]) -> Autoscaler:
     """The autoscaler of a gateway with GatewayConfig `config` (its `autoscale` set), over the
     gateway's endpoints and hold queue, its gauges in `registry`. `target` None: the Kubernetes
-    target from the config; `pagedkube up` passes its local engines."""
+    target from the config; `pagedkube up` passes its local engines. `control`: the gateway's
+    client for engine calls (it carries the engine key), which drains engines before a scale-in;
+    `max_model_len()`: the engines' longest context, as the engine watcher read it."""
     if target is None:
         target = kube_target(config)
-    return Autoscaler(config.autoscale, endpoints, hold, target, AutoscalerMetrics(registry))
+    return Autoscaler(config.autoscale, endpoints, hold, target, AutoscalerMetrics(registry),
+                      drainer=EngineDrainer(control), max_model_len=max_model_len)

@@ -21,7 +21,6 @@ from pagedkube.operator.spec import LLMServiceSpec
 GATEWAY_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
     (naming.GROUP, "llmservices/scale", ("get", "patch")),
-    ("", "pods", ("patch",)),   # pod-deletion-cost before a scale-in
     ("coordination.k8s.io", "leases", ("get", "update")),
 )
 

@@ -208,7 +208,6 @@ def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["pagedkube.io"], "resources": ["llmservices/scale"], "verbs": ["get", "patch"],
          "resourceNames": ["demo"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
          "resourceNames": ["demo-autoscaler"]},   # the operator creates it: no create to grant
     ]

@@ -43,7 +43,6 @@ CLUSTER_WIDE: dict[tuple[str, str, str], str] = {
     **{("apiextensions.k8s.io", "customresourcedefinitions", v): "kopf's CRD observer; the ServiceMonitor CRD probe"
        for v in ("get", "list", "watch")},
     **{("", "pods", v): "status (Ready, CrashLooping) from the engine pods" for v in ("list", "watch")},
-    ("", "pods", "patch"): "granted to gateways for controller.kubernetes.io/pod-deletion-cost before a scale-in",
     ("", "events", "create"): "Events on LLMServices",
     **{("discovery.k8s.io", "endpointslices", v): GRANT for v in ("get", "list", "watch")},
     **{("pagedkube.io", "llmservices/scale", v): GRANT for v in ("get", "patch")},
@@ -52,8 +51,6 @@ CLUSTER_WIDE: dict[tuple[str, str, str], str] = {
 NAMESPACE_WIDE: dict[tuple[str, str, str], str] = {
     **{("discovery.k8s.io", "endpointslices", v): "the engine Service's slices have generated names; the "
        "gateway selects them by the kubernetes.io/service-name label" for v in ("get", "list", "watch")},
-    ("", "pods", "patch"): "controller.kubernetes.io/pod-deletion-cost on engine pods, whose names are not known "
-                           "when the Role is made",
 }
 NEVER = {"escalate", "bind", "impersonate", "*"}
 
@@ -108,9 +105,12 @@ def test_the_gateway_role_pins_what_it_can_by_name() -> None:
         assert not [t for rule in role["rules"] for t in triples(rule) if t[2] == "create"]
 
 
-def test_the_operator_reads_no_secret_anywhere() -> None:
+def test_the_operator_reads_no_secret_and_patches_no_pod() -> None:
     (role,) = [o for o in install_objects() if o["kind"] == "ClusterRole"]
     assert {t[2] for rule in role["rules"] for t in triples(rule) if t[1] == "secrets"} == {"create"}
+    assert {t[2] for rule in role["rules"] for t in triples(rule) if t[1] == "pods"} == {"list", "watch"}
+    for gateway in gateway_roles():
+        assert not [rule for rule in gateway["rules"] if "pods" in rule["resources"]]
 
 
 @pytest.mark.parametrize("rule, problem", [
