@@ -86,8 +86,11 @@ ENGINE = _obj({
     "maxModelLen": _int(1, 1048576),
     "maxNumSeqs": _int(1, 65536, d.DEFAULT_MAX_NUM_SEQS),
     "maxNumBatchedTokens": _int(1, 1048576),
-    "drainTimeoutSeconds": _int(0, 3600, d.DEFAULT_DRAIN_TIMEOUT_S,
-                                "How long a stopping engine lets in-flight requests finish."),
+    "drainTimeoutSeconds": _int(0, 3600, None,
+                                "How long a stopping engine lets in-flight requests finish. Default: long enough "
+                                "for a maxModelLen-token answer at a slow decode rate when maxModelLen is set "
+                                f"(1.25 x maxModelLen / {d.ASSUMED_DECODE_TOKENS_PER_S} s), else "
+                                f"{d.DEFAULT_DRAIN_TIMEOUT_S}."),
     "extraArgs": {"type": "array", "items": {"type": "string"}, "maxItems": 64,
                   "description": "Appended to the engine command line."},
     "env": FREE_FORM_ITEMS,

@@ -9,6 +9,7 @@ the CRD schema (crd.py) reads them from here.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -29,6 +30,11 @@ DEFAULT_BLOCK_SIZE: int = default_of(EngineConfig, "block_size")       # the eng
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 DEFAULT_MAX_NUM_SEQS: int = default_of(EngineConfig, "max_num_seqs")   # the engine's (vLLM's) default
 DEFAULT_DRAIN_TIMEOUT_S = 30       # long enough for a 1k-token reply at ~40 tok/s
+# The drain timeout when maxModelLen is set and drainTimeoutSeconds is not: the autoscaler's scale-in
+# grace (gateway/autoscaler/policy.py) with a decode rate assumed, as the operator measures none. 20
+# tokens/s per sequence is a slow engine (a loaded CPU, or a big batch of a large model on one GPU).
+ASSUMED_DECODE_TOKENS_PER_S = 20
+MAX_DRAIN_TIMEOUT_S = 3600
 # The gateway autoscaler's defaults (gateway/autoscaler/policy.py); the windows are whole seconds in the CRD.
 DEFAULT_MIN_REPLICAS = autoscale.DEFAULT_MIN_REPLICAS
 DEFAULT_MAX_REPLICAS = autoscale.DEFAULT_MAX_REPLICAS
@@ -260,7 +266,7 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         max_model_len=_int(d, "maxModelLen", None, "spec.engine.maxModelLen"),
         max_num_seqs=_int(d, "maxNumSeqs", DEFAULT_MAX_NUM_SEQS, "spec.engine.maxNumSeqs"),
         max_num_batched_tokens=_int(d, "maxNumBatchedTokens", None, "spec.engine.maxNumBatchedTokens"),
-        drain_timeout_s=_int(d, "drainTimeoutSeconds", DEFAULT_DRAIN_TIMEOUT_S,
+        drain_timeout_s=_int(d, "drainTimeoutSeconds", _derived_drain_timeout(d.get("maxModelLen")),
                              "spec.engine.drainTimeoutSeconds", low=0),
         extra_args=tuple(extra_args),
         env=tuple(d.get("env") or ()),
@@ -272,6 +278,14 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
     if not engine.require_api_key and engine.api_key_secret:
         raise ValueError("spec.engine.requireApiKey false contradicts spec.engine.apiKeySecretRef; drop one")
     return engine
+
+
+def _derived_drain_timeout(max_model_len: Any) -> int:
+    """The longest allowed answer at ASSUMED_DECODE_TOKENS_PER_S, as the autoscaler's grace; 30 s without one."""
+    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
+        grace = autoscale.GRACE_FACTOR * max_model_len / ASSUMED_DECODE_TOKENS_PER_S
+        return min(MAX_DRAIN_TIMEOUT_S, max(DEFAULT_DRAIN_TIMEOUT_S, math.ceil(grace)))
+    return DEFAULT_DRAIN_TIMEOUT_S
 
 
 def _bool(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:

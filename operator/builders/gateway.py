@@ -38,6 +38,7 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
         args += ["--autoscale", "--llmservice", svc.name,
                  "--min-replicas", str(a.min_replicas), "--max-replicas", str(a.max_replicas),
                  "--target-queue-depth", f"{a.target_queue_depth:g}",
+                 "--engine-capacity", str(svc.engine.max_num_seqs),
                  "--scale-up-window", str(a.scale_up_window_s),
                  "--scale-down-window", str(a.scale_down_window_s)]
     return args

@@ -129,8 +129,11 @@ def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
     assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
                          "--host", "0.0.0.0", "--port", "8000", "--block-size", "16", "--max-num-seqs", "256",
-                         "--max-model-len", "4096", "--drain-timeout", "30", "--device", "cuda",
+                         "--max-model-len", "4096", "--drain-timeout", "256", "--device", "cuda",
                          "--max-waiting", "64"]
+    # No drainTimeoutSeconds: long enough for a 4096-token answer at 20 tokens/s (x 1.25), the
+    # scale-in's rule; the pod's grace covers preStop (5 s), the drain and 10 s to exit.
+    assert pod["terminationGracePeriodSeconds"] == 5 + 256 + 10
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}}
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -150,7 +153,8 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
                          "--pending-ttl", "0",   # two gateway replicas: no pending record (pending.py)
                          "--api-keys", "/etc/pagedkube/api-keys/api-keys.yaml",
                          "--autoscale", "--llmservice", "demo", "--min-replicas", "1", "--max-replicas", "8",
-                         "--target-queue-depth", "2.5", "--scale-up-window", "0", "--scale-down-window", "300"]
+                         "--target-queue-depth", "2.5", "--engine-capacity", "256", "--scale-up-window", "0",
+                         "--scale-down-window", "300"]
     assert {"name": "api-keys", "secret": {"secretName": "keys", "items": [
         {"key": "api-keys.yaml", "path": "api-keys.yaml"}]}} in pod["volumes"]
     assert {"name": "api-keys", "mountPath": "/etc/pagedkube/api-keys", "readOnly": True} in c["volumeMounts"]

@@ -67,7 +67,7 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     obj = apply_defaults(schema, {"spec": {"model": {"source": "builtin://tiny"}}})
     assert obj["spec"]["replicas"] == 1
     assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
-                                     "drainTimeoutSeconds": 30, "requireApiKey": True}
+                                     "requireApiKey": True}   # drainTimeoutSeconds: the operator derives it
     assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
     assert obj["spec"]["gateway"]["routeHeaders"] is False
     assert obj["spec"]["networkPolicy"] == {"enabled": True}   # metricsFrom unset: the operator's default
