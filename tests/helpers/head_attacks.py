@@ -62,16 +62,22 @@ async def slow_head(port: int, interval_s: float, give_up_after: int) -> Answer:
     sent = len(HEAD) + 8
     data = b""
     try:
-        for _ in range(give_up_after):
-            try:
-                data = await asyncio.wait_for(read_answer(reader), interval_s)
+        for _ in range(2 * give_up_after):   # bounded even if an answer began and never ends
+            if sent >= len(HEAD) + 8 + give_up_after:
                 break
+            try:   # one read at a time: a read cut by the timeout loses nothing it had read
+                chunk = await asyncio.wait_for(reader.read(65536), interval_s)
             except asyncio.TimeoutError:
-                writer.write(b"a")
-                await writer.drain()
-                sent += 1
+                if not data:   # no answer begun: one more byte of header
+                    writer.write(b"a")
+                    await writer.drain()
+                    sent += 1
+                continue
+            if not chunk:
+                break
+            data += chunk
     except (ConnectionResetError, BrokenPipeError):
-        data = await read_answer(reader)
+        data += await read_answer(reader)
     writer.close()
     status, body = parse(data)
     return Answer(status, body, sent)
