@@ -140,7 +140,8 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         return JSONResponse(error_body(503, f"the server is {reason}", code=reason.replace(" ", "_")),
                             status_code=503, headers={"Retry-After": "1"})
 
-    @app.post("/drain")
+    # Operational, not part of the API a client generator or a fuzzer should call: not in /openapi.json.
+    @app.post("/drain", include_in_schema=False)
     async def drain() -> dict:
         """A scale-in chose this engine: refuse new requests (503 `draining`, /ready 503, so a
         Kubernetes ReplicaSet removes this pod first), finish those in flight. The answer says
@@ -148,7 +149,7 @@ def create_app(config: ServerConfig, engine_factory: Callable[[], Any] | None = 
         state.drain_requested = True
         return {"draining": True, "in_flight": state.in_flight}
 
-    @app.delete("/drain")
+    @app.delete("/drain", include_in_schema=False)
     async def undrain() -> dict:
         """The scale-in was called off: serve again (not after SIGTERM, which is final)."""
         state.drain_requested = False
