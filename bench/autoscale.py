@@ -12,7 +12,10 @@ the minimum for --cooldown seconds.
 Reports: time from the step until the desired replica count changes, until
 the first new engine answers a request, the scale events during the steady load
 after the first settle (ready == desired after the scale-up; target: none), and
-every request's status. Writes results.json and autoscale.png (replicas and
+every request's status (a 200 whose answer is short counts as cut). After the step,
+--tail-clients go on with --tail-tokens answers for --tail seconds, so the fleet scales
+in while work runs (the scale-in that lost requests before the in-flight signal);
+--scale-signal waiting runs the old signal for comparison. Writes results.json and autoscale.png (replicas and
 queue depth over time) to --out; docs/benchmarks.md quotes them.
 """
 from __future__ import annotations
@@ -68,13 +71,15 @@ async def sampler(url: str, samples: list[dict], t0: float, stop: asyncio.Event)
             await asyncio.sleep(0.25)
 
 
-async def client(url: str, c: int, t0: float, until: float, answers: list[dict]) -> None:
+async def client(url: str, c: int, t0: float, until: float, answers: list[dict], max_tokens: int = 16) -> None:
     async with httpx.AsyncClient(timeout=600) as http:
         i = 0
         while time.monotonic() < until:
             r = await http.post(f"{url}/v1/completions", json={
-                "model": "tiny", "prompt": f"My dog number {c}-{i} likes to", "max_tokens": 16, "ignore_eos": True})
-            answers.append({"t": time.monotonic() - t0, "status": r.status_code,
+                "model": "tiny", "prompt": f"My dog number {c}-{i} likes to", "max_tokens": max_tokens,
+                "ignore_eos": True})
+            whole = r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
+            answers.append({"t": time.monotonic() - t0, "status": r.status_code if whole else f"{r.status_code} cut",
                             "endpoint": r.headers.get("x-pagedkube-endpoint")})
             i += 1
 
@@ -91,7 +96,11 @@ async def run(args: argparse.Namespace, url: str, log_path: Path) -> dict:
     until = time.monotonic() + args.steady
     await asyncio.gather(*(client(url, c, t0, until, answers) for c in range(args.clients)))
     t_end_load = time.monotonic() - t0
-    await asyncio.sleep(args.cooldown)
+    # The tail: a few clients go on with long answers while the fleet scales in under them.
+    tail_until = time.monotonic() + args.tail
+    await asyncio.gather(*(client(url, 100 + c, t0, tail_until, answers, args.tail_tokens)
+                           for c in range(args.tail_clients)))
+    await asyncio.sleep(max(0.0, args.cooldown - args.tail))
     stop.set()
     await sampling
 
@@ -112,6 +121,7 @@ async def run(args: argparse.Namespace, url: str, log_path: Path) -> dict:
         "settled_replicas": None if settled is None else settled["ready"],
         "max_desired": max(s["desired"] for s in samples),
         "scale_events_after_settle": events_after_settle,
+        "scale_events_total": samples[-1]["up"] + samples[-1]["down"],
         "final": samples[-1],
     }
 
@@ -148,6 +158,11 @@ def main() -> int:
     p.add_argument("--idle", type=float, default=5.0, help="seconds sampled before the step")
     p.add_argument("--steady", type=float, default=120.0, help="seconds of step load")
     p.add_argument("--cooldown", type=float, default=45.0, help="seconds sampled after the load")
+    p.add_argument("--tail-clients", type=int, default=4, help="clients that go on after the step, with long answers")
+    p.add_argument("--tail-tokens", type=int, default=1200, help="the tail clients' max_tokens")
+    p.add_argument("--tail", type=float, default=60.0, help="seconds of the tail (within --cooldown if shorter)")
+    p.add_argument("--scale-signal", choices=("in-flight", "waiting"), default="in-flight",
+                   help="the autoscaler's signal (waiting: the old one, for the comparison in docs/benchmarks.md)")
     p.add_argument("--out", default="build/bench/autoscale")
     args = p.parse_args()
     out = Path(args.out)
@@ -155,10 +170,12 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = out / "up.log"
-    flags = ["--port", str(port), "--route-headers", "--replicas", "1", "--autoscale", "--min-replicas", "1",
+    flags = ["--port", str(port), "--model", "builtin://tiny", "--route-headers", "--replicas", "1", "--autoscale",
+             "--min-replicas", "1",
              "--max-replicas", str(args.max_replicas), "--target-queue-depth", str(args.target_queue_depth),
              "--scale-up-window", "0", "--scale-down-window", str(args.scale_down_window),
-             "--autoscale-interval", "0.5", "--max-num-seqs", "1", "--num-kv-blocks", "64", "--max-model-len", "256"]
+             "--autoscale-interval", "0.5", "--max-num-seqs", "1", "--num-kv-blocks", "128",
+             "--max-model-len", "1400", "--scale-signal", args.scale_signal]
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "up", *flags], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)

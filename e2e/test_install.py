@@ -38,6 +38,11 @@ API_MESSAGES = {
                                "engine.apiKeySecretRef; drop one",
     "empty metrics peer": "spec.networkPolicy.metricsFrom[0]: Invalid value: 0: spec.networkPolicy.metricsFrom[0] "
                           "in body should have at least 1 properties",
+    "pvc dot-dot": "spec.model: Invalid value: model.source must not have a '..' segment",
+    "pvc climbing out": "spec.model: Invalid value: model.source must not have a '..' segment",
+    "hf revision dot-dot": "spec.model: Invalid value: model.source must not have a '..' segment",
+    "open gateway with keys": "spec.gateway: Invalid value: gateway.requireApiKey false contradicts "
+                              "gateway.apiKeySecretRef; drop one",
 }
 
 

@@ -109,6 +109,14 @@ def test_secure_by_default_secret_network_policy_and_env(llms: Kube, operator) -
         assert values["api-key"] not in json.dumps(llms.get("deployment", deployment, NS))
     args = llms.get("deployment", f"{NAME}-gateway", NS)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--route-headers" not in args
+    # Closed by default: a generated client key, and the gateway reads its keys file.
+    client = {k: base64.b64decode(v).decode() for k, v in llms.get("secret", f"{NAME}-api-key", NS)["data"].items()}
+    assert sorted(client) == ["api-key", "api-keys.yaml"] and len(client["api-key"]) >= 43
+    assert json.loads(client["api-keys.yaml"]) == {"keys": [{"key": client["api-key"], "name": "default"}]}
+    assert args[args.index("--api-keys") + 1] == "/etc/pagedkube/api-keys/api-keys.yaml"
+    volumes = llms.get("deployment", f"{NAME}-gateway", NS)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "api-keys", "secret": {"secretName": f"{NAME}-api-key", "defaultMode": 420, "items": [
+        {"key": "api-keys.yaml", "path": "api-keys.yaml"}]}} in volumes
 
 
 def test_kubectl_get_llms_prints_the_columns(llms: Kube) -> None:

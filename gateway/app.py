@@ -125,7 +125,7 @@ class Gateway:
                                      feed_interval=self.config.feed_interval, feed_wait=self.config.feed_wait,
                                      scrape_interval=self.config.scrape_interval)
         self.watcher.start()
-        self.metrics.registry.register(CacheFeedAge(self.watcher))
+        self.metrics.registry.register(CacheFeedAge(self.watcher, self.endpoints.label))
         if self.static_urls:
             self.endpoints.update({u: NOT_READY for u in self.static_urls})  # the probe makes them ready
         elif self.config.kube_service:
@@ -135,7 +135,7 @@ class Gateway:
             from pagedkube.gateway.autoscaler.wiring import build_autoscaler
 
             self.autoscaler = build_autoscaler(self.config, self.endpoints, self.hold, self.metrics.registry,
-                                               self.scale_target)
+                                               self.scale_target, self.control, self.watcher.max_model_len)
             self.autoscaler.start()
 
     async def stop(self) -> None:
@@ -151,6 +151,10 @@ class Gateway:
             await self.control.aclose()
         if self.tokenize_pool is not None:
             self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+
+    def key_holder(self, request: Request) -> bool:
+        """The request carries a valid API key, or the gateway needs none."""
+        return self.api_keys is None or self.api_keys.lookup(request.headers.get("authorization")) is not None
 
     def authenticate(self, request: Request, rate_limit: bool = True) -> tuple[str | None, str | None]:
         """(key name, cache salt) for this request; raises 401/429."""
@@ -244,7 +248,7 @@ def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
             if tracing is not None:
                 tracing.shutdown()
 
-    app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="pagedkube gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
 
     @app.exception_handler(Exception)
@@ -277,18 +281,22 @@ def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
-    async def ready() -> Response:
+    async def ready(request: Request) -> Response:
         routable = gateway.endpoints.routable()
-        body = {"ready": bool(routable), "endpoints": gateway.endpoints.counts_by_state(),
-                "tokenizer": gateway.prompt.hasher.tokenizer is not None,
-                "feeds": dict(sorted(gateway.watcher.feed_seq.items())) if gateway.watcher else {}}
+        body: dict = {"ready": bool(routable)}
+        if gateway.key_holder(request):   # the probe needs only the status; details are for key holders
+            label = gateway.endpoints.label
+            body.update(endpoints=gateway.endpoints.counts_by_state(),
+                        tokenizer=gateway.prompt.hasher.tokenizer is not None,
+                        feeds=dict(sorted((label(url), seq) for url, seq in gateway.watcher.feed_seq.items()))
+                        if gateway.watcher else {})
         return Response(json.dumps(body), status_code=200 if routable else 503, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    install_openapi(app, lambda: gateway.watcher.known_models() if gateway.watcher else None)
+    install_openapi(app, lambda: gateway.watcher.known_models() if gateway.watcher else None, gateway.key_holder)
     limited = BodyLimits(FastPath(app, gateway.handle), max_bytes=config.max_body_bytes,
                          read_timeout_s=config.body_read_timeout, error=error_body)
     logged = AccessLogMiddleware(limited, AccessLog(ACCESS_LOGGER, config.observability.access_log), tracing, PROXIED)

@@ -10,6 +10,7 @@ from pagedkube.defaults import default_of
 from pagedkube.gateway.autoscaler.policy import DEFAULT_HOLD_TIMEOUT_S
 from pagedkube.gateway.config import GatewayConfig
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
+from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args, limited_http_protocol
 from pagedkube.observability import add_observability_args, observability_from_args
 
 
@@ -95,6 +96,7 @@ def register(subparsers) -> None:
     t.add_argument("--scrape-interval", type=float, default=_default("scrape_interval"),
                    help="seconds between /metrics and /ready polls")
     add_autoscale_args(p)
+    add_head_limit_args(p)
     add_observability_args(p)
     p.set_defaults(func=run)
 
@@ -107,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         affinity_depth=args.affinity_depth, pending_ttl=args.pending_ttl, api_keys_file=args.api_keys,
         engine_api_key=args.engine_api_key,
         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
-        route_headers=args.route_headers, max_attempts=args.max_attempts,
+        head_limits=head_limits_from_args(args), route_headers=args.route_headers, max_attempts=args.max_attempts,
         upstream_timeout=args.upstream_timeout, connect_timeout=args.connect_timeout,
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
@@ -133,5 +135,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pagedkube gateway: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
+    from pagedkube.gateway.errors import error_body
+
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
+                http=limited_http_protocol(config.head_limits, error_body))
     return 0

@@ -11,6 +11,7 @@ from pagedkube.gateway.routing.pending import DEFAULT_PENDING_TTL_S
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH
 from pagedkube.gateway.routing.prefix_index import DEFAULT_CAPACITY
 from pagedkube.gateway.routing.ring import DEFAULT_VNODES
+from pagedkube.http_head_limits import HeadLimits
 from pagedkube.http_limits import DEFAULT_BODY_READ_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from pagedkube.gateway.routing.types import ROUTING_POLICIES
 from pagedkube.observability import ObservabilityConfig
@@ -43,6 +44,7 @@ class GatewayConfig:
     engine_api_key: str | None = None     # bearer token of engines started with --api-key
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES          # 413 beyond (pagedkube/http_limits.py)
     body_read_timeout: float = DEFAULT_BODY_READ_TIMEOUT_S  # 408 when the body takes longer
+    head_limits: HeadLimits = field(default_factory=HeadLimits)   # 431 / 408 / 503 (pagedkube/http_head_limits.py)
     tokenize_workers: int = DEFAULT_TOKENIZE_WORKERS
     inline_tokenize_bytes: int = DEFAULT_INLINE_TOKENIZE_BYTES
     max_attempts: int = 3                 # endpoints tried per request (connect errors, 5xx)

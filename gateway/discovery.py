@@ -75,12 +75,27 @@ def slice_endpoints(slice_obj: Any, port_name: str = PORT_NAME) -> dict[str, str
     return out
 
 
+def slice_pod_names(slice_obj: Any, port_name: str = PORT_NAME) -> dict[str, str]:
+    """URL (as slice_endpoints builds it) -> the name of the pod behind it, for one EndpointSlice."""
+    out: dict[str, str] = {}
+    ports = _get(slice_obj, "ports")
+    for endpoint in _get(slice_obj, "endpoints") or []:
+        ref = _get(endpoint, "targetRef", "target_ref") or {}
+        name = _get(ref, "name")
+        if (_get(ref, "kind") or "Pod") != "Pod" or not name:
+            continue
+        for url in slice_endpoints({"ports": ports, "endpoints": [endpoint]}, port_name):
+            out[url] = name
+    return out
+
+
 class SliceSet:
     """The merged view of a Service's EndpointSlices."""
 
     def __init__(self, service: str | None = None) -> None:
         self.service = service
         self.slices: dict[str, dict[str, str]] = {}
+        self.pod_names: dict[str, dict[str, str]] = {}
 
     def apply(self, event_type: str, slice_obj: Any) -> dict[str, str]:
         metadata = _get(slice_obj, "metadata")
@@ -90,9 +105,14 @@ class SliceSet:
             return self.merged()  # the label selector already filters; this guards against an API that does not
         if event_type == "DELETED":
             self.slices.pop(name, None)
+            self.pod_names.pop(name, None)
         else:
             self.slices[name] = slice_endpoints(slice_obj)
+            self.pod_names[name] = slice_pod_names(slice_obj)
         return self.merged()
+
+    def names(self) -> dict[str, str]:
+        return {url: pod for names in self.pod_names.values() for url, pod in names.items()}
 
     def merged(self) -> dict[str, str]:
         # An address in two slices (a transient during updates) is ready if either says so.
@@ -147,7 +167,7 @@ class KubeDiscovery:
                 listing = api.list_namespaced_endpoint_slice(self.namespace, label_selector=selector)
                 for item in listing.items:
                     slices.apply("ADDED", item)
-                loop.call_soon_threadsafe(self.endpoints.update, slices.merged())
+                loop.call_soon_threadsafe(self.endpoints.update, slices.merged(), slices.names())
                 version = listing.metadata.resource_version
                 w = watch.Watch()
                 for event in w.stream(api.list_namespaced_endpoint_slice, self.namespace,
@@ -158,7 +178,7 @@ class KubeDiscovery:
                         w.stop()
                         return
                     merged = slices.apply(event["type"], event["object"])
-                    loop.call_soon_threadsafe(self.endpoints.update, merged)
+                    loop.call_soon_threadsafe(self.endpoints.update, merged, slices.names())
             except ApiException as e:  # 410 Gone: resourceVersion too old -> list again
                 if e.status != 410:
                     log.warning("EndpointSlice watch of %s/%s: %s", self.namespace, self.service, e)

@@ -41,15 +41,22 @@ DEFAULT_EJECT_SECONDS = 10.0
 @dataclass(slots=True)
 class Endpoint:
     url: str
+    name: str = ""              # the pod's name when discovery knows it: metric labels show this, not the address
     discovered: str = NOT_READY
     in_flight: int = 0
-    waiting: int = 0            # the engine's queue at the last scrape (the autoscaler's signal)
+    waiting: int = 0            # the engine's queue at the last scrape (the old autoscaler signal)
     others: int = 0             # other replicas' requests on it at the last scrape
+    draining: bool = False      # a scale-in chose it: no new requests, removed once its own are done
+    generation_tokens: float | None = None   # the engine's cumulative output tokens at the last scrape
+    scraped_at: float | None = None
+    decode_rate: float | None = None         # output tokens/s per running sequence, last measured
     prefix_cache_hits: float | None = None   # the engine's cumulative cache hits at the last scrape (cache worth)
     consecutive_failures: int = 0
     ejected_until: float = 0.0
 
     def state(self, now: float) -> str:
+        if self.discovered == READY and self.draining:
+            return TERMINATING
         if self.discovered == READY and self.ejected_until > now:
             return EJECTED
         return self.discovered
@@ -70,9 +77,10 @@ class EndpointSet:
         self._changed = asyncio.Event()  # binds to a loop on first wait (Python >= 3.10)
 
     # -- discovery -------------------------------------------------------------
-    def update(self, states: Mapping[str, str]) -> None:
+    def update(self, states: Mapping[str, str], names: Mapping[str, str] | None = None) -> None:
         """Replace the discovered set: `states` maps every endpoint URL that exists
-        now to ready / not_ready / terminating. Endpoints not in it are removed."""
+        now to ready / not_ready / terminating. Endpoints not in it are removed.
+        `names`: URL -> pod name, where discovery knows it."""
         for url, state in states.items():
             if state not in (READY, NOT_READY, TERMINATING):
                 raise ValueError(f"unknown endpoint state {state!r} for {url}")
@@ -81,7 +89,9 @@ class EndpointSet:
         for url in removed:
             del self._endpoints[url]
         for url, state in states.items():
-            self._endpoints.setdefault(url, Endpoint(url)).discovered = state
+            endpoint = self._endpoints.setdefault(url, Endpoint(url))
+            endpoint.discovered = state
+            endpoint.name = (names or {}).get(url, endpoint.name)
         for listener in self._listeners:
             listener(added, removed)
         self._notify()
@@ -108,13 +118,33 @@ class EndpointSet:
         now = self.clock()
         return sorted(u for u, e in self._endpoints.items() if e.state(now) == READY)
 
+    def set_draining(self, url: str, draining: bool) -> None:
+        """A scale-in chose `url` (routing stops at once) or called it off."""
+        if (e := self._endpoints.get(url)) is not None and e.draining != draining:
+            e.draining = draining
+            self._notify()
+
+    def draining(self) -> list[str]:
+        return sorted(u for u, e in self._endpoints.items() if e.draining)
+
+    def slowest_decode_rate(self) -> float | None:
+        """The lowest per-sequence decode rate measured on any engine, None before any."""
+        rates = [e.decode_rate for e in self._endpoints.values() if e.decode_rate]
+        return min(rates) if rates else None
+
     def loads(self, urls: Iterable[str] | None = None) -> dict[str, int]:
         urls = self._endpoints if urls is None else urls
         return {u: e.in_flight + e.others for u in urls if (e := self._endpoints.get(u)) is not None}
 
+    def label(self, url: str) -> str:
+        """How metrics name an endpoint: its pod's name under Kubernetes discovery (an engine's
+        address is nobody's business on an open /metrics), else the URL as configured."""
+        e = self._endpoints.get(url)
+        return e.name if e is not None and e.name else url
+
     def load_parts(self) -> dict[str, tuple[int, int]]:
-        """Each endpoint's (in_flight, others): the two halves of `loads()`."""
-        return {u: (e.in_flight, e.others) for u, e in sorted(self._endpoints.items())}
+        """Each endpoint's (in_flight, others), the two halves of `loads()`, by label()."""
+        return {self.label(u): (e.in_flight, e.others) for u, e in sorted(self._endpoints.items())}
 
     def in_flight(self, url: str) -> int:
         e = self._endpoints.get(url)
@@ -137,15 +167,22 @@ class EndpointSet:
             e.in_flight -= 1
 
     def set_scraped(self, url: str, running: int, waiting: int, own: int,
-                    prefix_cache_hits: float | None = None) -> None:
+                    prefix_cache_hits: float | None = None, generation_tokens: float | None = None) -> None:
         """An engine reported `running` and `waiting` requests (and its cumulative
-        prefix-cache hits, None when not exported) while this gateway had `own`
-        requests open on it (the larger of its counts before and after the scrape:
-        a request of ours that ended meanwhile is not taken for another replica's)."""
-        if (e := self._endpoints.get(url)) is not None:
-            e.waiting = max(0, int(waiting))
-            e.others = max(0, int(running) + e.waiting - max(0, own))
-            e.prefix_cache_hits = prefix_cache_hits
+        prefix-cache hits and output tokens, None when not exported) while this gateway
+        had `own` requests open on it (the larger of its counts before and after the
+        scrape: a request of ours that ended meanwhile is not taken for another replica's).
+        Two scrapes with sequences running measure its decode rate per sequence."""
+        if (e := self._endpoints.get(url)) is None:
+            return
+        now = self.clock()
+        e.waiting = max(0, int(waiting))
+        e.others = max(0, int(running) + e.waiting - max(0, own))
+        e.prefix_cache_hits = prefix_cache_hits
+        if generation_tokens is not None and e.generation_tokens is not None and e.scraped_at is not None \
+                and running > 0 and now > e.scraped_at and generation_tokens > e.generation_tokens:
+            e.decode_rate = (generation_tokens - e.generation_tokens) / (now - e.scraped_at) / running
+        e.generation_tokens, e.scraped_at = generation_tokens, now
 
     def report_success(self, url: str) -> None:
         if (e := self._endpoints.get(url)) is not None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"   # cached prompt tokens served, cumulative
+GENERATION_TOKENS = "vllm:generation_tokens_total"   # output tokens, cumulative (the decode rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,7 @@ class EngineScrape:
     running: int = 0                           # 0 when absent
     waiting: int = 0                           # 0 when absent
     prefix_cache_hits: float | None = None     # None when the engine does not export it
+    generation_tokens: float | None = None     # None when the engine does not export it
 
 
 def parse_engine_metrics(metrics_text: str) -> EngineScrape:
@@ -38,10 +40,11 @@ def parse_engine_metrics(metrics_text: str) -> EngineScrape:
     totals: dict[str, float] = {}
     for line in metrics_text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in (RUNNING, WAITING, PREFIX_CACHE_HITS):
+        if name in (RUNNING, WAITING, PREFIX_CACHE_HITS, GENERATION_TOKENS):
             try:
                 value = float(line.rsplit(None, 1)[-1])
             except ValueError:
                 continue
             totals[name] = totals.get(name, 0.0) + value
-    return EngineScrape(int(totals.get(RUNNING, 0.0)), int(totals.get(WAITING, 0.0)), totals.get(PREFIX_CACHE_HITS))
+    return EngineScrape(int(totals.get(RUNNING, 0.0)), int(totals.get(WAITING, 0.0)), totals.get(PREFIX_CACHE_HITS),
+                        totals.get(GENERATION_TOKENS))

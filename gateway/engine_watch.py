@@ -85,6 +85,12 @@ class EngineWatcher:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def max_model_len(self) -> int | None:
+        """The longest context any engine's models allow (vLLM's /v1/models field), None while unknown."""
+        lengths = [n for models in self.models.values() for m in models
+                   if isinstance(n := m.get("max_model_len"), int) and not isinstance(n, bool) and n > 0]
+        return max(lengths) if lengths else None
+
     def known_models(self) -> set[str] | None:
         """Model names the ready engines serve; None while no engine has answered."""
         ready = set(self.endpoints.routable())
@@ -209,7 +215,8 @@ class EngineWatcher:
                 if r.status_code == 200:
                     own = max(own, self.endpoints.in_flight(url))
                     scrape = parse_engine_metrics(r.text)
-                    self.endpoints.set_scraped(url, scrape.running, scrape.waiting, own, scrape.prefix_cache_hits)
+                    self.endpoints.set_scraped(url, scrape.running, scrape.waiting, own, scrape.prefix_cache_hits,
+                                               scrape.generation_tokens)
                 if url not in self.models or tick % _MODELS_EVERY == 0:
                     r = await self.client.get(f"{url}/v1/models")
                     if r.status_code == 200:

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.responses import Response
 
+from pagedkube.echo import echo
 from pagedkube.openai_errors import INVALID_API_KEY, MODEL_NOT_FOUND, RATE_LIMIT_EXCEEDED, error_body
 
 class GatewayError(Exception):
@@ -43,7 +44,7 @@ def unauthorized() -> GatewayError:
 
 
 def model_not_found(model: str) -> GatewayError:
-    return GatewayError(404, f"The model `{model}` does not exist.", param="model",
+    return GatewayError(404, f"The model `{echo(model)}` does not exist.", param="model",
                         code=MODEL_NOT_FOUND)
 
 

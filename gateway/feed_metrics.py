@@ -20,13 +20,15 @@ NAME = "pagedkube_gateway_cache_feed_age_seconds"
 class CacheFeedAge:
     """A collector over EngineWatcher.feed_heard, read at scrape time."""
 
-    def __init__(self, watcher) -> None:
+    def __init__(self, watcher, label=lambda url: url) -> None:
+        """`label(url)`: the endpoint's name in the metric (EndpointSet.label)."""
         self.watcher = watcher
+        self.label = label
 
     def collect(self):
         family = GaugeMetricFamily(NAME, "Seconds since each followed engine's cache feed last answered",
                                    labels=["endpoint"])
         now = time.monotonic()
         for url, heard in sorted(self.watcher.feed_heard.items()):
-            family.add_metric([url], round(now - heard, 3))
+            family.add_metric([self.label(url)], round(now - heard, 3))
         yield family

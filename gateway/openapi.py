@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type", "param", "code"],
@@ -72,14 +74,16 @@ def _operation(summary: str, schema: dict) -> dict:
     }}
 
 
-def install(app: FastAPI, models: Callable[[], Iterable[str] | None]) -> None:
-    """Makes app.openapi() (served at /openapi.json) include the proxied routes;
-    `models()` names the models the engines serve (None while unknown). Built on
-    each call, as the models change: the document is rarely asked for."""
+def install(app: FastAPI, models: Callable[[], Iterable[str] | None],
+            authorized: Callable[[Request], bool] = lambda _: True) -> None:
+    """Serves /openapi.json (the app must be made with openapi_url=None) with the proxied
+    routes; `models()` names the models the engines serve (None while unknown), shown only
+    to a request `authorized` says holds a key: without one the document names no model.
+    Built on each call, as the models change: the document is rarely asked for."""
 
-    def openapi() -> dict[str, Any]:
+    def openapi(with_models: bool = True) -> dict[str, Any]:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        known = sorted(models() or ())
+        known = sorted(models() or ()) if with_models else []
         schema.setdefault("paths", {}).update({
             "/v1/completions": _operation("Completions, routed to an engine",
                                           _with_models(COMPLETION_REQUEST, known)),
@@ -88,4 +92,8 @@ def install(app: FastAPI, models: Callable[[], Iterable[str] | None]) -> None:
         })
         return schema
 
+    async def document(request: Request) -> Response:
+        return JSONResponse(openapi(with_models=authorized(request)))
+
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
+    app.add_route("/openapi.json", document, include_in_schema=False)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Container
 
 from pagedkube.gateway.errors import bad_request, model_not_found
+from pagedkube.unicode_text import MESSAGE as TEXT_NOT_UNICODE
+from pagedkube.unicode_text import field_path, lone_surrogate
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
@@ -46,6 +48,8 @@ def parse_request(path: str, raw: bytes, known_models: Container[str] | None) ->
         raise bad_request("request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    if (loc := lone_surrogate(raw, body)) is not None:   # before anything encodes it (pagedkube/unicode_text.py)
+        raise bad_request(f"{field_path(loc)}: {TEXT_NOT_UNICODE}", field_path(loc))
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")

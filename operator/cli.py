@@ -21,6 +21,9 @@ def register(subparsers: Any) -> None:
                    help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
     p.add_argument("--resync-interval", type=float, default=300.0, metavar="S",
                    help="re-apply every LLMService's children this often, as a safety net (default 300)")
+    p.add_argument("--allow-gateway-image", action="store_true",
+                   help="let LLMServices choose their gateway image (spec.gateway.image); off by default, since "
+                        "the gateway runs with a ServiceAccount that may scale engines and read EndpointSlices")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=run)
 
@@ -42,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     register_handlers(registry, namespaces=args.namespace, resync_interval_s=args.resync_interval)
     kube = Kube(default_api_client())
-    memo = kopf.Memo(reconciler=Reconciler(kube=kube, emit=kube.create_event))
+    memo = kopf.Memo(reconciler=Reconciler(kube=kube, emit=kube.create_event,
+                                           allow_gateway_image=args.allow_gateway_image))
     kopf.run(registry=registry, memo=memo, standalone=args.standalone, liveness_endpoint=args.liveness,
              clusterwide=not args.namespace, namespaces=args.namespace)
     return 0

@@ -58,6 +58,9 @@ MODEL = _obj({
 }, "Which model to serve.", required=["source"], **{"x-kubernetes-validations": [{
     "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source.startsWith('builtin://')",
     "message": "model.source must use the hf://, pvc:// or builtin:// scheme",
+}, {
+    "rule": f"!self.source.matches('{d.DOT_DOT_SEGMENT}')",
+    "message": "model.source must not have a '..' segment",
 }]})
 
 AUTOSCALING = _obj({
@@ -83,8 +86,11 @@ ENGINE = _obj({
     "maxModelLen": _int(1, 1048576),
     "maxNumSeqs": _int(1, 65536, d.DEFAULT_MAX_NUM_SEQS),
     "maxNumBatchedTokens": _int(1, 1048576),
-    "drainTimeoutSeconds": _int(0, 3600, d.DEFAULT_DRAIN_TIMEOUT_S,
-                                "How long a stopping engine lets in-flight requests finish."),
+    "drainTimeoutSeconds": _int(0, 3600, None,
+                                "How long a stopping engine lets in-flight requests finish. Default: long enough "
+                                "for a maxModelLen-token answer at a slow decode rate when maxModelLen is set "
+                                f"(1.25 x maxModelLen / {d.ASSUMED_DECODE_TOKENS_PER_S} s), else "
+                                f"{d.DEFAULT_DRAIN_TIMEOUT_S}."),
     "extraArgs": {"type": "array", "items": {"type": "string"}, "maxItems": 64,
                   "description": "Appended to the engine command line."},
     "env": FREE_FORM_ITEMS,
@@ -110,7 +116,8 @@ ENGINE = _obj({
 
 GATEWAY = _obj({
     "replicas": _int(1, 100, d.DEFAULT_GATEWAY_REPLICAS),
-    "image": _str("Gateway image. Default: this release's."),
+    "image": _str("Gateway image. Used only when the operator runs with --allow-gateway-image (the chart's "
+                  "operator.allowGatewayImage); otherwise this release's image runs."),
     "imagePullPolicy": PULL_POLICY,
     "resources": RESOURCES,
     "routing": _obj({
@@ -118,12 +125,20 @@ GATEWAY = _obj({
         "loadBound": {"type": "number", "minimum": 1.0, "maximum": 10.0, "default": d.DEFAULT_LOAD_BOUND,
                       "description": "c in consistent hashing with bounded loads."},
     }, default={}),
-    "apiKeySecretRef": _secret_ref("Secret with key api-keys.yaml (docs/operator.md)."),
+    "apiKeySecretRef": _secret_ref("Your own Secret with key api-keys.yaml (keys, rate limits, tenant salts; "
+                                   "docs/operator.md), instead of the generated <name>-api-key."),
+    "requireApiKey": {"type": "boolean", "default": True,
+                      "description": "false: the gateway serves anyone who reaches it (no key at all). Default "
+                                     "true: apiKeySecretRef's keys, or one generated key in the Secret "
+                                     "<name>-api-key (key api-key)."},
     "serviceType": _str(enum=list(d.SERVICE_TYPES), default="ClusterIP"),
     "routeHeaders": {"type": "boolean", "default": False,
                      "description": "Send x-pagedkube-endpoint / x-pagedkube-route (internal engine addresses) "
                                     "to clients (gateway --route-headers). Off by default."},
-}, "The gateway in front of the engines.")
+}, "The gateway in front of the engines.", **{"x-kubernetes-validations": [{
+    "rule": "!has(self.requireApiKey) || self.requireApiKey || !has(self.apiKeySecretRef)",
+    "message": "gateway.requireApiKey false contradicts gateway.apiKeySecretRef; drop one",
+}]})
 
 SELECTOR = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
             "description": "A label selector (matchLabels, matchExpressions); {} selects everything."}

@@ -33,7 +33,8 @@ OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS),
     ("policy", "poddisruptionbudgets", CHILD_VERBS),
     ("networking.k8s.io", "networkpolicies", (*CHILD_VERBS, "delete")),   # delete: networkPolicy off
-    ("", "secrets", ("get", "create")),        # the generated engine Secret: made once, never listed or changed
+    ("", "secrets", ("create",)),              # the generated Secrets: made once, never read, listed or changed
+    ("coordination.k8s.io", "leases", ("create",)),   # the gateway's autoscaler Lease, made once, empty
     ("monitoring.coreos.com", "servicemonitors", ("get", "create", "patch", "delete")),  # delete: monitoring off
     ("apiextensions.k8s.io", "customresourcedefinitions", ("get", "list", "watch")),  # kopf observer; CRD probe
     ("", "pods", ("list", "watch")),                                    # status from engine pods

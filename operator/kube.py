@@ -22,7 +22,8 @@ PLURALS = {
     "Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
     "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
-    "Event": "events", "Secret": "secrets", "NetworkPolicy": "networkpolicies", naming.KIND: naming.PLURAL,
+    "Event": "events", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Lease": "leases",
+    naming.KIND: naming.PLURAL,
 }
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 MERGE_CONTENT_TYPE = "application/merge-patch+json"

@@ -51,6 +51,11 @@ def engine_secret_name(name: str) -> str:
     return f"{name}-engine-secret"
 
 
+def gateway_keys_secret_name(name: str) -> str:
+    """The generated Secret of the gateway's client API key, for users to read (builders/security.py)."""
+    return f"{name}-api-key"
+
+
 def gateway_service_name(name: str) -> str:
     """The user-facing Service is the LLMService's own name."""
     return name

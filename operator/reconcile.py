@@ -16,7 +16,10 @@ from typing import Any, Callable, Mapping
 from pagedkube.operator import naming
 from pagedkube.operator.builders import build_children
 from pagedkube.operator.builders.monitoring import SERVICEMONITOR_CRD
-from pagedkube.operator.builders.security import build_engine_secret, secret_version
+from pagedkube.operator.builders.rbac import build_gateway_lease
+from pagedkube.operator.builders.security import (
+    KEYS_VERSION_ANNOTATION, SECRET_VERSION_ANNOTATION, build_engine_secret, build_gateway_keys_secret,
+    generates_gateway_key, secret_version)
 from pagedkube.operator.drift import needs_apply, with_hash
 from pagedkube.operator.kube import Kube
 from pagedkube.operator.spec import LLMServiceSpec
@@ -44,28 +47,47 @@ class Reconciler:
     emit: Emit
     now: Callable[[], str] = utcnow
     token: Callable[[], str] = random_token
+    allow_gateway_image: bool = False   # `pagedkube operator --allow-gateway-image`: spec.gateway.image is used
 
     def desired(self, body: Mapping[str, Any], svc: LLMServiceSpec | None = None) -> list[dict[str, Any]]:
         """`svc`: the parsed spec of `body` (parsed here when not given; raises ValueError for an
         invalid spec). Creates the engine Secret if it is missing."""
         svc = svc if svc is not None else LLMServiceSpec.from_body(body)
         with_monitor = svc.monitoring_enabled and self.kube.crd_exists(SERVICEMONITOR_CRD)
-        version = secret_version(self.engine_secret(body, svc))
+        engine = self._created_once(body, build_engine_secret(svc, api_key=self.token(), hash_seed=self.token()),
+                                    "engine API key and cache hash seed")
+        version = secret_version(engine) if engine else self._live_annotation(svc, SECRET_VERSION_ANNOTATION)
+        keys = ""
+        if generates_gateway_key(svc):   # closed by default: the client key the user reads
+            made = self._created_once(body, build_gateway_keys_secret(svc, api_key=self.token()),
+                                      "the gateway's API key: read it from key api-key")
+            keys = secret_version(made) if made else self._live_annotation(svc, KEYS_VERSION_ANNOTATION)
+        self._created_once(body, build_gateway_lease(svc), "the autoscaler's, empty")
         return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor,
-                                                     secret_version=version)]
+                                                     secret_version=version, keys_version=keys,
+                                                     allow_gateway_image=self.allow_gateway_image)]
 
-    def engine_secret(self, body: Mapping[str, Any], svc: LLMServiceSpec) -> dict[str, Any]:
-        """The generated Secret as it is live: created once with fresh random values, never
-        changed afterwards (no rotation by reconcile; docs/operator.md)."""
-        name = naming.engine_secret_name(svc.name)
-        live = self.kube.get("v1", "Secret", svc.namespace, name)
-        if live is not None:
-            return live
-        created = self.kube.create(build_engine_secret(svc, api_key=self.token(), hash_seed=self.token()))
-        if created is None:   # someone made it between our get and create: theirs stands
-            return self.kube.get("v1", "Secret", svc.namespace, name) or {}
-        self.emit(body, "Normal", "Created", f"Secret {name} (engine API key and cache hash seed)")
+    def _created_once(self, body: Mapping[str, Any], obj: dict[str, Any], what: str) -> dict[str, Any] | None:
+        """Creates `obj` if no object of its name exists; the new object, or None when one existed.
+
+        The generated Secrets are made this way, with fresh random values, and never changed
+        afterwards (no rotation by reconcile; docs/operator.md). Create-only, never read: the
+        operator holds no `get` on Secrets, which would reach every Secret in the cluster."""
+        created = self.kube.create(obj)
+        if created is not None:
+            self.emit(body, "Normal", "Created", f"{obj['kind']} {obj['metadata']['name']} ({what})")
         return created
+
+    def _live_annotation(self, svc: LLMServiceSpec, annotation: str) -> str:
+        """The pod-template annotation a Secret's digest went into when it was made: the live
+        engine Deployment's, else the gateway's ("" when neither exists: new pods anyway)."""
+        for name in (naming.engine_name(svc.name), naming.gateway_name(svc.name)):
+            live = self.kube.get("apps/v1", "Deployment", svc.namespace, name)
+            value = (((live or {}).get("spec") or {}).get("template") or {}).get("metadata", {}).get(
+                "annotations", {}).get(annotation)
+            if value:
+                return value
+        return ""
 
     def reconcile(self, body: Mapping[str, Any], restoring: bool = False) -> dict[str, Any]:
         """Applies every child that differs from its desired state; returns the new status.
@@ -82,7 +104,12 @@ class Reconciler:
         except ValueError as e:  # reported once, through the conditions' change (_announce)
             return self.status(body, None, invalid_spec=str(e))
         for child in children:
-            self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
+            applied = self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
+            if applied and child["kind"] == "Deployment" and svc.gateway.image and not self.allow_gateway_image \
+                    and child["metadata"]["name"] == naming.gateway_name(name):
+                self.emit(body, "Warning", "GatewayImageIgnored",
+                          f"spec.gateway.image {svc.gateway.image!r} is ignored: the operator runs the gateway "
+                          f"from {naming.GATEWAY_IMAGE} unless started with --allow-gateway-image")
         if not any(c["kind"] == "NetworkPolicy" for c in children):   # switched off: do not leave it behind
             if self.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.engine_name(name)):
                 self.emit(body, "Normal", "Deleted", f"NetworkPolicy {naming.engine_name(name)}")

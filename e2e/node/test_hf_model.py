@@ -48,7 +48,7 @@ def test_the_init_container_downloads_from_the_mirror_and_the_engine_serves_it(s
     assert {p.rsplit("/", 1)[1] for p in got} >= {"model.safetensors", "config.json", "tokenizer.json"}
     log = kube.run("logs", pod["metadata"]["name"], "-n", NS, "-c", "model-download").stdout
     assert "Error" not in log and "Traceback" not in log, log
-    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{pf.url}/v1", api_key=pf.api_key, max_retries=0, timeout=120)
     assert [m.id for m in client.models.list().data] == ["tiny-chat"]
     reply = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
                                            max_tokens=8, temperature=0)

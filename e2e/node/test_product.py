@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import copy
+import json
 import time
 import uuid
 
@@ -45,8 +46,8 @@ def gateway(llms: Kube, processes: Processes) -> PortForward:
     pf.close()
 
 
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+def client(gw: PortForward) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.api_key, max_retries=0, timeout=120)
 
 
 def ready_engine_ips(kube: Kube) -> set[str]:
@@ -55,10 +56,10 @@ def ready_engine_ips(kube: Kube) -> set[str]:
             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
 
 
-def chat(url: str, prompt: str, max_tokens: int = 8, system: str | None = None) -> tuple[str, str]:
+def chat(gw: PortForward, prompt: str, max_tokens: int = 8, system: str | None = None) -> tuple[str, str]:
     """(text, x-pagedkube-endpoint) of one non-streamed chat completion."""
     messages = [{"role": "system", "content": system}] if system else []
-    raw = client(url).chat.completions.with_raw_response.create(
+    raw = client(gw).chat.completions.with_raw_response.create(
         model=MODEL, messages=messages + [{"role": "user", "content": prompt}], max_tokens=max_tokens,
         temperature=0)
     return raw.parse().choices[0].message.content, raw.headers["x-pagedkube-endpoint"]
@@ -84,10 +85,10 @@ def test_the_operator_pod_reconciles_the_example_and_the_engines_pass_their_prob
 
 def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube, gateway: PortForward) -> None:
     engines = ready_engine_ips(llms)
-    text, endpoint = chat(gateway.url, "Hello there")
+    text, endpoint = chat(gateway, "Hello there")
     assert text
     assert endpoint.removeprefix("http://").rsplit(":", 1)[0] in engines, (endpoint, engines)
-    with client(gateway.url).chat.completions.with_streaming_response.create(
+    with client(gateway).chat.completions.with_streaming_response.create(
             model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=8,
             temperature=0, stream=True) as response:
         endpoint = response.headers["x-pagedkube-endpoint"]
@@ -96,6 +97,22 @@ def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube,
     assert "".join(choice.delta.content or "" for c in chunks for choice in c.choices)
     (reason,) = [choice.finish_reason for c in chunks for choice in c.choices if choice.finish_reason]
     assert reason in ("length", "stop")
+
+
+def test_the_gateway_is_closed_without_a_key(gateway: PortForward) -> None:
+    """The example names no apiKeySecretRef: the gateway still wants a key, the generated one."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    anonymous = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60)
+    assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{gateway.url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{gateway.url}/ready", timeout=10).json() == {"ready": True}   # nothing about the engines
+    doc = httpx.get(f"{gateway.url}/openapi.json", timeout=10).json()
+    assert MODEL not in json.dumps(doc)
+    for line in httpx.get(f"{gateway.url}/metrics", timeout=10).text.splitlines():
+        assert "endpoint=\"http" not in line, line   # engines by pod name, not address
+    keyed = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=60,
+                       headers={"Authorization": f"Bearer {gateway.api_key}"})
+    assert keyed.status_code == 200, keyed.text
 
 
 def fresh_system() -> str:
@@ -107,10 +124,10 @@ def fresh_system() -> str:
     return f"{uuid.uuid4().hex} You are a helpful assistant."
 
 
-def served_by(url: str, ip: str, tries: int = 200) -> bool:
+def served_by(gw: PortForward, ip: str, tries: int = 200) -> bool:
     """Sends fresh prompts until one is served by the engine at `ip`."""
     for _ in range(tries):
-        if chat(url, "hello", max_tokens=2, system=fresh_system())[1].startswith(f"http://{ip}:"):
+        if chat(gw, "hello", max_tokens=2, system=fresh_system())[1].startswith(f"http://{ip}:"):
             return True
     return False
 
@@ -121,7 +138,7 @@ def test_kubectl_scale_to_three_starts_a_pod_that_serves(llms: Kube, gateway: Po
     ready_llms(llms, NAME, NS, 3)
     (new,) = ready_engine_ips(llms) - before
     # the gateway learns the new pod from the EndpointSlice once it is Ready
-    wait_for(lambda: served_by(gateway.url, new, tries=20), f"a request served by the new engine {new}",
+    wait_for(lambda: served_by(gateway, new, tries=20), f"a request served by the new engine {new}",
              timeout=120, interval=1)
 
 
@@ -134,7 +151,7 @@ def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: 
     def worker(n: int) -> int:
         i = 0
         while time.monotonic() < stop_at[0]:
-            results.append(chat(gateway.url, f"worker {n} request {i}", max_tokens=4, system=fresh_system()))
+            results.append(chat(gateway, f"worker {n} request {i}", max_tokens=4, system=fresh_system()))
             i += 1
         return i
     # 3 clients: enough to keep every engine busy; the node has 2 shared cores
@@ -159,12 +176,13 @@ def test_an_engine_pod_deleted_under_load_loses_no_request(llms: Kube, gateway: 
     ready_llms(llms, NAME, NS, 3)
     (replacement,) = wait_for(lambda: (ips := ready_engine_ips(llms) - set(by_ip)) and ips,
                               "the replacement engine pod Ready")
-    wait_for(lambda: served_by(gateway.url, replacement, tries=20),
+    wait_for(lambda: served_by(gateway, replacement, tries=20),
              f"a request served by the replacement {replacement}", timeout=120, interval=1)
 
 
 def test_health_and_metrics_answer_through_the_gateway_pod(gateway: PortForward) -> None:
-    assert httpx.get(f"{gateway.url}/ready", timeout=10).json()["endpoints"]["ready"] == 3
+    key = {"Authorization": f"Bearer {gateway.api_key}"}
+    assert httpx.get(f"{gateway.url}/ready", headers=key, timeout=10).json()["endpoints"]["ready"] == 3
     assert "pagedkube_gateway" in httpx.get(f"{gateway.url}/metrics", timeout=10).text
 
 

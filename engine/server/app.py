@@ -66,13 +66,14 @@ class APIKeyMiddleware:
 
     def __init__(self, app: Any, api_key: str):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        # RFC 9110: the scheme is case-insensitive (`bearer` too), one or more spaces before the token.
+        scheme, _, token = dict(scope.get("headers") or []).get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.lstrip(b" "), self.expected):
             return await self.app(scope, receive, send)
         response = JSONResponse(error_body(401, "Incorrect API key provided (expected `Authorization: Bearer KEY`)",
                                            code=INVALID_API_KEY), status_code=401,
@@ -146,9 +147,24 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
         """Readiness: the engine is loaded and the server is not draining."""
         if state.ready:
             return JSONResponse({"status": "ready"})
-        reason, code = ("draining", DRAINING) if state.draining else ("not ready", NOT_READY)
+        reason, code = ("draining", DRAINING) if state.refusing else ("not ready", NOT_READY)
         return JSONResponse(error_body(503, f"the server is {reason}", code),
                             status_code=503, headers={"Retry-After": "1"})
+
+    # Operational, not part of the API a client generator or a fuzzer should call: not in /openapi.json.
+    @app.post("/drain", include_in_schema=False)
+    async def drain() -> dict:
+        """A scale-in chose this engine: refuse new requests (503 `draining`, /ready 503, so a
+        Kubernetes ReplicaSet removes this pod first), finish those in flight. The answer says
+        how many are left; the autoscaler polls it until 0 (docs/autoscaling.md)."""
+        state.drain_requested = True
+        return {"draining": True, "in_flight": state.in_flight}
+
+    @app.delete("/drain", include_in_schema=False)
+    async def undrain() -> dict:
+        """The scale-in was called off: serve again (not after SIGTERM, which is final)."""
+        state.drain_requested = False
+        return {"draining": state.draining, "in_flight": state.in_flight}
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkube.engine.config import EngineConfig
+from pagedkube.http_head_limits import HeadLimits
 from pagedkube.observability import ObservabilityConfig
 
 
@@ -20,6 +21,7 @@ class ServerConfig:
     max_request_tokens: int | None = None  # prompt + n x max_tokens over a request's prompts; None = no cap
     max_body_bytes: int = 16 << 20        # 413 above: a 10 MB prompt still fits; a 128k-token context is ~0.5 MB
     body_read_timeout: float = 30.0       # 408 for a body not received in full in this many s (http_limits.py)
+    head_limits: HeadLimits = field(default_factory=HeadLimits)   # header size/count/deadline, connections
     heartbeat_timeout: float = 30.0       # s without word from the engine core before /health fails (core_client.py)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
     # Parses tool calls out of tool_choice "auto" answers (tool_parsers.py); auto = the one the chat

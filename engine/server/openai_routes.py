@@ -18,9 +18,10 @@ from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
 from pagedkube.engine.server.generation import ClientDisconnected, Generation, collect, new_request_id
 from pagedkube.engine.server.prepare import Prepared, prepare, render_chat, tokenizer_for, tool_output_parser
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.text_check import TextCheckedRoute
 
 logger = logging.getLogger(__name__)
-router = APIRouter()
+router = APIRouter(route_class=TextCheckedRoute)   # 400 for text that is not Unicode (text_check.py)
 
 
 def _state(request: Request) -> ServerState:
@@ -48,8 +49,7 @@ async def _stream(gen: Generation, fmt: Any, include_usage: bool, continuous: bo
             yield _sse(fmt.chunk([], fmt.usage(), True))
         yield "data: [DONE]\n\n"
     except APIError as exc:
-        yield sse_error_event(exc)
-        yield "data: [DONE]\n\n"
+        yield sse_error_event(exc)   # and no [DONE]: the answer is not whole (docs/interfaces.md)
     finally:
         gen.close()
 

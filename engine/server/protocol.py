@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError, field_validator
 
 from pagedkube.chat_messages import template_kwargs as _chat_template_kwargs
 from pagedkube.chat_messages import template_message
@@ -34,7 +34,7 @@ MAX_PROMPTS = 64                 # prompts in one /v1/completions batch
 MAX_STOP = 16                    # stop strings per request
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-TokenId = Annotated[int, Field(ge=0, le=2 ** 31 - 1)]
+TokenId = Annotated[int, Field(ge=0, le=2 ** 31 - 1, strict=True)]   # strict: `true` is not token 1
 
 
 class _Body(BaseModel):
@@ -101,7 +101,7 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = Field(None, min_length=1, max_length=1024)
-    stream: bool = False
+    stream: StrictBool | None = False   # "yes" is refused, as the gateway refuses it (null: false)
     stream_options: StreamOptions | None = None
     # Accepted at their defaults only (check_supported).
     presence_penalty: Finite | None = Field(None, ge=-2, le=2)

@@ -15,6 +15,7 @@ from pagedkube.defaults import default_of
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
+from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.observability import add_observability_args, observability_from_args
 
 logger = logging.getLogger("pagedkube.serve")
@@ -54,6 +55,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="step the engine in a thread of the HTTP process instead of its own process (debugging)")
     t.add_argument("--loop", default="auto", choices=("auto", "uvloop", "asyncio"),
                    help="the event loop (default auto: uvloop when installed, as uvicorn picks)")
+    add_head_limit_args(p)
     add_observability_args(p)
     p.set_defaults(func=run_serve)
     return p
@@ -76,7 +78,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         drain_timeout=args.drain_timeout, engine_in_process=args.engine_in_process,
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
-                        observability=observability_from_args(args), tool_call_parser=args.tool_call_parser)
+                        head_limits=head_limits_from_args(args), observability=observability_from_args(args),
+                        tool_call_parser=args.tool_call_parser)
 
 
 def port_unavailable(host: str, port: int) -> str | None:
@@ -110,10 +113,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from pagedkube.engine.server.app import create_app
     from pagedkube.engine.server.draining import DrainingServer
+    from pagedkube.engine.server.errors import error_body
+    from pagedkube.http_head_limits import limited_http_protocol
 
     app = create_app(config)
+    http = limited_http_protocol(config.head_limits, lambda status, message, code: error_body(status, message, code=code))
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop),
+                                           timeout_graceful_shutdown=5, access_log=False, loop=args.loop, http=http),
                             app.state.server)
     server.run()
     if not server.started:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.echo import echo
 from pagedkube.engine.server.engine_client import EngineClient, EngineInfo
 from pagedkube.engine.server.errors import APIError
 from pagedkube.openai_errors import DRAINING, MODEL_NOT_FOUND, NOT_READY
@@ -36,7 +37,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: EngineMetrics | None = None    # built with the served model name (lifespan start-up)
     model_name: str = ""
-    draining: bool = False
+    draining: bool = False                  # after SIGTERM: going away
+    drain_requested: bool = False           # POST /drain: a scale-in chose this engine (DELETE /drain undoes it)
     in_flight: int = 0                      # generation requests not yet answered in full
     feed_waiters: FeedWaiters | None = None  # wakes cache-feed long-polls (lifespan start-up)
     exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
@@ -85,16 +87,22 @@ class ServerState:
         return self._chat_encoder
 
     @property
+    def refusing(self) -> bool:
+        """New generation requests get 503 `draining` (and /ready 503): shutting down, or drained."""
+        return self.draining or self.drain_requested
+
+    @property
     def ready(self) -> bool:
-        return self.loaded and not self.draining and self.engine.running and self.engine.healthy
+        return self.loaded and not self.refusing and self.engine.running and self.engine.healthy
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{model}` does not exist.", param="model", code=MODEL_NOT_FOUND)
+            raise APIError(404, f"The model `{echo(model)}` does not exist.", param="model", code=MODEL_NOT_FOUND)
 
     def check_accepting(self) -> None:
-        if self.draining:
-            raise APIError(503, "the server is shutting down; retry on another replica",
+        if self.refusing:
+            why = "shutting down" if self.draining else "draining for a scale-in"
+            raise APIError(503, f"the server is {why}; retry on another replica",
                            code=DRAINING, headers={"Retry-After": "1"})
         if not self.ready:
             raise APIError(503, "the engine is not ready", code=NOT_READY, headers={"Retry-After": "1"})

@@ -27,6 +27,16 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, kube: bool = True) -> None
                    help=f"seconds between autoscaler decisions (default {policy.DEFAULT_INTERVAL_S:g})")
     g.add_argument("--max-held", type=int, default=policy.DEFAULT_MAX_HELD,
                    help=f"requests held at most while no engine is ready; more get 503 (default {policy.DEFAULT_MAX_HELD})")
+    if kube:   # `pagedkube up` knows its engines' --max-num-seqs
+        g.add_argument("--engine-capacity", type=int, default=policy.DEFAULT_ENGINE_CAPACITY, metavar="N",
+                       help="requests one engine runs at once: its --max-num-seqs "
+                            f"(default {policy.DEFAULT_ENGINE_CAPACITY}, the engine's)")
+    g.add_argument("--scale-in-grace", type=float, default=None, metavar="SECONDS",
+                   help="how long a drained engine may take to finish its requests before it is removed "
+                        f"(default: {policy.GRACE_FACTOR:g} x max_model_len / the slowest measured decode rate)")
+    g.add_argument("--scale-signal", choices=policy.SIGNALS, default="in-flight",
+                   help="in-flight (default): running + waiting against the engines' capacity; "
+                        "waiting: the engines' waiting queues only, the old signal (for comparisons)")
 
 
 def autoscaler_config_from_args(args: argparse.Namespace) -> policy.AutoscalerConfig | None:
@@ -37,7 +47,10 @@ def autoscaler_config_from_args(args: argparse.Namespace) -> policy.AutoscalerCo
         min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         target_queue_depth=args.target_queue_depth, scale_up_window=args.scale_up_window,
         scale_down_window=args.scale_down_window, interval=args.autoscale_interval,
-        llmservice=getattr(args, "llmservice", None), max_held=args.max_held)
+        llmservice=getattr(args, "llmservice", None), max_held=args.max_held,
+        engine_capacity=getattr(args, "engine_capacity", None) or getattr(args, "max_num_seqs", None)
+        or policy.DEFAULT_ENGINE_CAPACITY,
+        signal=args.scale_signal, scale_in_grace=args.scale_in_grace)
 
 
 def hold_timeout_from_args(args: argparse.Namespace) -> float:

@@ -4,15 +4,14 @@ Calls (the gateway's Role allows exactly these, docs/interfaces.md "Gateway RBAC
 
     GET   /apis/pagedkube.io/v1alpha1/namespaces/NS/llmservices/NAME/scale      spec.replicas
     PATCH /apis/pagedkube.io/v1alpha1/namespaces/NS/llmservices/NAME/scale      merge {"spec":{"replicas":N}}
-    LIST  /apis/discovery.k8s.io/v1/namespaces/NS/endpointslices?labelSelector= engine URL -> pod name
-    PATCH /api/v1/namespaces/NS/pods/POD   merge {"metadata":{"annotations":{pod-deletion-cost: "C"}}}
 
-Before a scale-in every ready engine pod gets `controller.kubernetes.io/pod-deletion-cost`
-= its recent prefix-cache hits (capped to int32), and the chosen victims get -1, so
-the ReplicaSet deletes them first (it deletes lower costs first); annotating all
-of them overwrites costs left from earlier scale-ins. The operator then copies
-spec.replicas into the engine Deployment. Objects stay plain dicts; the official
-client carries auth and TLS. Its calls block, so they run in a thread.
+Which pod a scale-in removes needs no call of its own: the autoscaler drains the engines it
+chose first (their /ready fails, so the pods turn not ready) and scales in only once they
+are idle, and a ReplicaSet deletes not-ready pods before ready ones. (Before, the gateway
+patched `controller.kubernetes.io/pod-deletion-cost` on the pods, which needed `pods: patch`
+on every pod of the namespace.) The operator then copies spec.replicas into the engine
+Deployment. Objects stay plain dicts; the official client carries auth and TLS. Its calls
+block, so they run in a thread.
 """
 from __future__ import annotations
 
@@ -22,15 +21,12 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from pagedkube.gateway.autoscaler.lease import LeaseElector
-from pagedkube.gateway.discovery import SERVICE_LABEL, slice_endpoints
 from pagedkube.kube_call import kube_call
 from pagedkube.llmservice import scale_path
 
 log = logging.getLogger("pagedkube.autoscaler")
 
-DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MERGE_PATCH = "application/merge-patch+json"
-_INT32_MAX = 2**31 - 1
 
 
 class KubeApi:
@@ -66,27 +62,6 @@ def default_api() -> KubeApi:
     return KubeApi(kubernetes.client.ApiClient())
 
 
-def pods_by_url(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Engine URL (as discovery builds it) -> pod name, from EndpointSlice dicts."""
-    out: dict[str, str] = {}
-    for s in slices:
-        for endpoint in s.get("endpoints") or []:
-            ref = endpoint.get("targetRef") or {}
-            if ref.get("kind", "Pod") != "Pod" or not ref.get("name"):
-                continue
-            # the same URL rules as discovery, one endpoint at a time
-            for url in slice_endpoints({"ports": s.get("ports"), "endpoints": [endpoint]}):
-                out[url] = ref["name"]
-    return out
-
-
-def deletion_costs(worth: Mapping[str, float], victims: Sequence[str]) -> dict[str, int]:
-    costs = {url: min(_INT32_MAX, max(0, int(hits))) for url, hits in worth.items()}
-    for url in victims:
-        costs[url] = -1
-    return costs
-
-
 class KubeScaleTarget:
     def __init__(self, api: KubeApi, namespace: str, llmservice: str, engine_service: str,
                  lease: LeaseElector | None):
@@ -107,26 +82,9 @@ class KubeScaleTarget:
         return int((scale.get("spec") or {}).get("replicas") or 0)
 
     async def scale(self, replicas: int, victims: Sequence[str], worth: Mapping[str, float]) -> None:
-        if victims:
-            await asyncio.to_thread(self._mark_victims, victims, worth)
+        """`victims` are drained (not ready) by now, so the ReplicaSet removes them first."""
         await asyncio.to_thread(self.api.ok, "PATCH", self.scale_path,
                                 body={"spec": {"replicas": int(replicas)}}, content_type=MERGE_PATCH)
-
-    def _mark_victims(self, victims: Sequence[str], worth: Mapping[str, float]) -> None:
-        listing = self.api.ok("GET", f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
-                              query=[("labelSelector", f"{SERVICE_LABEL}={self.engine_service}")])
-        pods = pods_by_url(listing.get("items") or [])
-        for url, cost in sorted(deletion_costs(worth, victims).items()):
-            pod = pods.get(url)
-            if pod is None:
-                log.warning("no pod found for engine %s: cannot set its deletion cost", url)
-                continue
-            body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
-            try:
-                self.api.ok("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod}", body=body,
-                            content_type=MERGE_PATCH)
-            except RuntimeError as e:   # a pod already gone: the scale-in still goes ahead
-                log.warning("pod-deletion-cost on %s: %s", pod, e)
 
     async def close(self) -> None:
         if self.lease is not None:

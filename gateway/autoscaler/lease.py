@@ -1,7 +1,8 @@
 """One acting autoscaler among the gateway replicas: a coordination.k8s.io/v1 Lease.
 
 client-go's leader election, reduced to the verbs the gateway's Role grants
-(leases get, create, update):
+(get and update of the one Lease the operator made for it; create where it may, as
+a gateway run by hand with wider rights does):
 
     GET lease        404        -> POST a new one naming us              -> leader
                      ours       -> PUT renewTime = now                   -> leader
@@ -27,6 +28,12 @@ from typing import Any, Callable
 log = logging.getLogger("pagedkube.autoscaler")
 
 DEFAULT_LEASE_DURATION_S = 15   # client-go's LeaseDuration default
+
+
+def lease_name(llmservice: str) -> str:
+    """The autoscaler Lease of an LLMService: the operator creates it empty, so the gateway's
+    Role needs only get and update on this one name (operator/builders/rbac.py)."""
+    return f"{llmservice}-autoscaler"
 
 
 def default_identity() -> str:

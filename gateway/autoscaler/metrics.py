@@ -14,8 +14,14 @@ class AutoscalerMetrics:
                                       registry=registry)
         self.ready_replicas = Gauge(p + "ready_replicas", "Engines ready to serve", registry=registry)
         self.queue_depth = Gauge(p + "queue_depth",
-                                 "Queue depth the last decision used: engines' waiting requests plus held ones",
-                                 registry=registry)
+                                 "Queue depth the last decision used: requests in flight beyond the ready engines' "
+                                 "running slots (with --scale-signal waiting: the engines' waiting requests), "
+                                 "held ones included", registry=registry)
+        self.in_flight = Gauge(p + "in_flight", "Requests in flight on every engine (running + waiting) and held",
+                               registry=registry)
+        self.draining_replicas = Gauge(p + "draining_replicas",
+                                       "Engines a scale-in drains: no new requests, removed once idle",
+                                       registry=registry)
         self.target_queue_depth = Gauge(p + "target_queue_depth", "Target mean queue depth per ready engine",
                                         registry=registry)
         # The bounds, so an alert can tell "at max replicas and the queue still grows" (PrometheusRule).

@@ -1,11 +1,28 @@
-"""How many engines: the HPA rule on queue depth, and HPA's stabilization windows.
+"""How many engines: in-flight work against the engines' capacity, and HPA's stabilization windows.
 
-    queue depth  = sum of the ready engines' vllm:num_requests_waiting
-                   + requests the gateway holds (no engine ready yet)
-    metric       = queue depth / ready engines          (mean per ready engine)
-    desired      = ceil(ready * metric / target)        (HPA: ceil(current * ratio))
-                   unchanged (= current) while |metric / target - 1| <= tolerance
-    bounded      = clamp(desired, min, max)
+The signal (the default, `in-flight`), with S = --engine-capacity (each engine's max_num_seqs)
+and T = --target-queue-depth:
+
+    in flight    D = sum over every engine (ready or draining) of its running + waiting
+                     requests, + requests the gateway holds (no engine ready yet)
+    queue depth    = D - ready x S     the requests beyond what the ready engines run at
+                                       once (the gauge; per ready engine it is what T bounds)
+    up             = ceil(D / (S + T))          fewest engines keeping queue depth <= T each
+    down           = ceil(D / (S x (1 - h)))    fewest engines that still *run* all of D, with
+                                                headroom h (= the tolerance, 0.1)
+    desired        = up if up > current; down if down < current; else current
+    bounded        = clamp(desired, min, max)
+
+Since down >= up, a load between them keeps the count (hysteresis): scale-up waits until
+more than T requests per engine would queue, and scale-in never leaves fewer engines than
+the requests in flight need to run, so a busy engine with an empty queue does not look idle
+(the `waiting` signal's failure: it counted waiting requests only, and removed two of three
+engines while twelve long streams ran). The old rule stays selectable (`--scale-signal
+waiting`) for comparison (bench/autoscale.py, bench/sim/autoscale.py):
+
+    queue depth  = sum of the ready engines' vllm:num_requests_waiting + held requests
+    desired      = ceil(ready * (queue depth / ready) / T)   (HPA: ceil(current * ratio)),
+                   unchanged while |ratio - 1| <= tolerance
 
 Stabilization is HPA's `behavior` (kube-controller-manager, replica_calculator +
 horizontal.go stabilizeRecommendationWithBehaviors): every raw recommendation is
@@ -26,6 +43,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from pagedkube.defaults import default_of
+from pagedkube.engine.config import EngineConfig
+
 # HPA's defaults (kube-controller-manager --horizontal-pod-autoscaler-tolerance,
 # behavior.scaleUp/scaleDown.stabilizationWindowSeconds); the operator passes the same.
 DEFAULT_TOLERANCE = 0.1
@@ -41,6 +61,14 @@ DEFAULT_INTERVAL_S = 5.0
 # revision timeout (300 s). 120 s covers a local or cached model.
 DEFAULT_HOLD_TIMEOUT_S = 120.0
 DEFAULT_MAX_HELD = 256              # held requests beyond this get 503 at once
+DEFAULT_ENGINE_CAPACITY: int = default_of(EngineConfig, "max_num_seqs")   # the engine's (vLLM's) default
+SIGNALS = ("in-flight", "waiting")
+# A drained engine is removed once its requests finished, or after this grace. Derived, it is
+# GRACE_FACTOR x the time the longest allowed request (max_model_len tokens) takes at the slowest
+# measured per-sequence decode rate; before any rate is measured, the fallback: the gateway's
+# own default upstream timeout, the longest a request may go quiet.
+GRACE_FACTOR = 1.25
+FALLBACK_SCALE_IN_GRACE_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +117,9 @@ class AutoscalerConfig(AutoscaleBounds):
     tolerance: float = DEFAULT_TOLERANCE
     llmservice: str | None = None      # Kubernetes: the LLMService whose scale subresource we write
     max_held: int = DEFAULT_MAX_HELD
+    engine_capacity: int = DEFAULT_ENGINE_CAPACITY   # requests one engine runs at once (its max_num_seqs)
+    signal: str = "in-flight"          # or "waiting", the old signal (comparisons only)
+    scale_in_grace: float | None = None   # seconds a drained engine may finish in; None: derived (above)
 
     def __post_init__(self) -> None:
         check_bounds(self.min_replicas, self.max_replicas, self.target_queue_depth)
@@ -100,6 +131,12 @@ class AutoscalerConfig(AutoscaleBounds):
             raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance}")
         if self.max_held < 0:
             raise ValueError(f"--max-held must be >= 0, got {self.max_held}")
+        if self.engine_capacity < 1:
+            raise ValueError(f"--engine-capacity must be >= 1, got {self.engine_capacity}")
+        if self.signal not in SIGNALS:
+            raise ValueError(f"--scale-signal must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+        if self.scale_in_grace is not None and not self.scale_in_grace >= 0:
+            raise ValueError(f"--scale-in-grace must be >= 0 seconds, got {self.scale_in_grace}")
 
 
 def desired_replicas(ready: int, current: int, queue_depth: float, target: float, tolerance: float) -> int:
@@ -118,6 +155,38 @@ def desired_replicas(ready: int, current: int, queue_depth: float, target: float
         return current
     # round() first: 3 * (4/3) must give 4, not 5 from 4.000000000000001.
     return math.ceil(round(ready * ratio, 9))
+
+
+def desired_for_in_flight(ready: int, current: int, in_flight: float, capacity: int, target: float,
+                          headroom: float) -> int:
+    """The raw recommendation of the in-flight signal (module docstring), before bounds and
+    stabilization. With no ready engine, work in flight asks for one (scale from zero)."""
+    if ready < 0 or current < 0 or in_flight < 0:
+        raise ValueError(f"negative input: ready={ready} current={current} in_flight={in_flight}")
+    if ready == 0:
+        return max(current, 1) if in_flight > 0 else 0
+    # round() first: 12 / 12 must give 1, not 2 from 1.0000000000000002.
+    up = math.ceil(round(in_flight / (capacity + target), 9))
+    down = math.ceil(round(in_flight / (capacity * (1.0 - headroom)), 9))
+    if up > current:
+        return up
+    if down < current:
+        return down
+    return current
+
+
+def in_flight_queue_depth(in_flight: float, ready: int, capacity: int) -> float:
+    """The in-flight signal's queue depth: requests beyond what the ready engines run at once."""
+    return max(0.0, in_flight - ready * capacity)
+
+
+def scale_in_grace(config: AutoscalerConfig, max_model_len: int | None, decode_rate: float | None) -> float:
+    """How long a drained engine may take to finish its requests (module constants)."""
+    if config.scale_in_grace is not None:
+        return config.scale_in_grace
+    if max_model_len and decode_rate:
+        return GRACE_FACTOR * max_model_len / decode_rate
+    return FALLBACK_SCALE_IN_GRACE_S
 
 
 def bounded(replicas: int, config: AutoscalerConfig) -> int:

@@ -118,11 +118,11 @@ class LocalEngines:
             await self.spawn()
         if replicas >= len(live):
             return
-        # Engines not serving go first (nothing cached, nothing served), then the
-        # victims the autoscaler chose by cache worth, then the newest.
+        # The victims the autoscaler drained go first (idle by now), then engines not
+        # serving (nothing cached, nothing served), then the newest.
         by_url = {e.url: e for e in live}
-        order = [e for e in reversed(live) if e.state != READY]
-        order += [by_url[u] for u in victims if u in by_url and by_url[u] not in order]
+        order = [by_url[u] for u in victims if u in by_url]
+        order += [e for e in reversed(live) if e.state != READY and e not in order]
         order += [e for e in reversed(live) if e not in order]
         for engine in order[:len(live) - replicas]:
             self.stop(engine)

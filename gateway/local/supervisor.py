@@ -91,6 +91,8 @@ class Supervisor:
     async def run(self) -> int:
         from pagedkube.gateway.app import create_app
         from pagedkube.gateway.config import GatewayConfig
+        from pagedkube.gateway.errors import error_body
+        from pagedkube.http_head_limits import limited_http_protocol
 
         import uvicorn
 
@@ -127,7 +129,8 @@ class Supervisor:
                          scale_target=self.engines if c.autoscale is not None else None)
         self.gateway = app.state.gateway
         self.console.set_state("gateway", "starting", f"http://{c.host}:{c.port}")
-        server = _quiet_server(uvicorn.Config(app, host=c.host, port=c.port, log_config=None,
+        http = limited_http_protocol(gateway_config.head_limits, error_body)
+        server = _quiet_server(uvicorn.Config(app, host=c.host, port=c.port, log_config=None, http=http,
                                               access_log=False, timeout_graceful_shutdown=5))
         progress = asyncio.create_task(self._progress())
         code = 0

@@ -24,11 +24,13 @@ from pagedkube.operator.builders.rbac import (
 from pagedkube.operator.spec import LLMServiceSpec
 
 
-def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_version: str = "") -> list[dict[str, Any]]:
+def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_version: str = "",
+                   keys_version: str = "", allow_gateway_image: bool = False) -> list[dict[str, Any]]:
     """Every applied child, in apply order (RBAC and the NetworkPolicy before the pods).
 
-    The generated Secret is not among them: it is created once, not applied (reconcile.py);
-    secret_version is its digest, so the pods roll if it is ever made anew."""
+    The generated Secrets are not among them: they are created once, not applied (reconcile.py);
+    secret_version and keys_version are their digests, so the pods roll if one is ever made anew.
+    allow_gateway_image: the operator's --allow-gateway-image (spec.gateway.image is used)."""
     children = [
         build_gateway_service_account(svc),
         build_gateway_role(svc),
@@ -38,7 +40,7 @@ def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_ve
         build_engine_deployment(svc, secret_version),
         build_engine_pdb(svc),
         build_gateway_service(svc),
-        build_gateway_deployment(svc, secret_version),
+        build_gateway_deployment(svc, secret_version, keys_version, allow_image=allow_gateway_image),
     ]
     if with_service_monitor and svc.monitoring_enabled:
         children.append(build_service_monitor(svc))

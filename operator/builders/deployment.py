@@ -18,8 +18,10 @@ from pagedkube.operator.spec import LLMServiceSpec
 
 def component_deployment(svc: LLMServiceSpec, component: str, name: str, *, replicas: int,
                          rolling_update: dict[str, int], secret_version: str,
-                         pod: dict[str, Any]) -> dict[str, Any]:
-    """`pod`: the pod spec's own fields (containers, volumes, ...), added after the shared ones."""
+                         pod: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """`pod`: the pod spec's own fields (containers, volumes, ...), added after the shared ones;
+    `annotations`: the pod template's own (the secret version's is added here)."""
+    annotations = {**(secret_version and {SECRET_VERSION_ANNOTATION: secret_version} or {}), **(annotations or {})}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -31,7 +33,7 @@ def component_deployment(svc: LLMServiceSpec, component: str, name: str, *, repl
             "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update},
             "template": {
                 "metadata": {"labels": naming.labels(svc.name, component),
-                             **maybe("annotations", secret_version and {SECRET_VERSION_ANNOTATION: secret_version})},
+                             **maybe("annotations", annotations)},
                 "spec": {"enableServiceLinks": False, "securityContext": pod_security_context(), **pod},
             },
         },

@@ -13,13 +13,14 @@ from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, maybe, readiness_probe, tcp_liveness_probe)
 from pagedkube.operator.builders.deployment import component_deployment
-from pagedkube.operator.builders.security import engine_api_key_env
+from pagedkube.operator.builders.security import (
+    API_KEYS_FILE_KEY, KEYS_VERSION_ANNOTATION, engine_api_key_env, gateway_keys_secret)
 from pagedkube.operator.spec import LLMServiceSpec
 
 GATEWAY_CONTAINER = "gateway"
 API_KEYS_VOLUME = "api-keys"
 API_KEYS_DIR = "/etc/pagedkube/api-keys"
-API_KEYS_KEY = "api-keys.yaml"   # the key inside the Secret (docs/interfaces.md)
+API_KEYS_KEY = API_KEYS_FILE_KEY
 
 
 def gateway_args(svc: LLMServiceSpec) -> list[str]:
@@ -29,7 +30,7 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
             "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
     if pending_ttl_for(g.replicas) == 0:
         args += ["--pending-ttl", "0"]   # several replicas: each would know only its own routes
-    if g.api_key_secret:
+    if gateway_keys_secret(svc):   # closed by default: the user's keys or the generated one
         args += ["--api-keys", f"{API_KEYS_DIR}/{API_KEYS_KEY}"]
     if g.route_headers:
         args += ["--route-headers"]
@@ -37,19 +38,25 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
         args += ["--autoscale", "--llmservice", svc.name,
                  "--min-replicas", str(a.min_replicas), "--max-replicas", str(a.max_replicas),
                  "--target-queue-depth", f"{a.target_queue_depth:g}",
+                 "--engine-capacity", str(svc.engine.max_num_seqs),
                  "--scale-up-window", str(a.scale_up_window_s),
                  "--scale-down-window", str(a.scale_down_window_s)]
     return args
 
 
-def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> dict[str, Any]:
-    """secret_version: as for the engines, so both sides restart onto a re-created key together."""
+def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "", keys_version: str = "",
+                             allow_image: bool = False) -> dict[str, Any]:
+    """secret_version: as for the engines, so both sides restart onto a re-created key together;
+    keys_version: the generated client key's, so the gateway restarts onto a re-created one.
+    allow_image: spec.gateway.image is used; otherwise the release's image runs whatever the spec
+    says, as the gateway's ServiceAccount holds rights an LLMService author should not pick the
+    code for (the operator's --allow-gateway-image)."""
     g = svc.gateway
     volumes = [TMP_VOLUME]
     mounts = [TMP_MOUNT]
-    if g.api_key_secret:
+    if keys_secret := gateway_keys_secret(svc):
         volumes.append({"name": API_KEYS_VOLUME, "secret": {
-            "secretName": g.api_key_secret, "items": [{"key": API_KEYS_KEY, "path": API_KEYS_KEY}]}})
+            "secretName": keys_secret, "items": [{"key": API_KEYS_KEY, "path": API_KEYS_KEY}]}})
         mounts.append({"name": API_KEYS_VOLUME, "mountPath": API_KEYS_DIR, "readOnly": True})
     env = [*HOME_ENV,
            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -57,7 +64,7 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> d
            *engine_api_key_env(svc, "PAGEDKUBE_ENGINE_API_KEY")]   # the gateway's --engine-api-key
     container = {
         "name": GATEWAY_CONTAINER,
-        "image": g.image or naming.GATEWAY_IMAGE,
+        "image": (g.image if allow_image else "") or naming.GATEWAY_IMAGE,
         **maybe("imagePullPolicy", g.image_pull_policy),
         "command": ["pagedkube"],
         "args": gateway_args(svc),
@@ -72,6 +79,7 @@ def build_gateway_deployment(svc: LLMServiceSpec, secret_version: str = "") -> d
     }
     return component_deployment(svc, "gateway", naming.gateway_name(svc.name), replicas=g.replicas,
                                 rolling_update={"maxSurge": 1, "maxUnavailable": 0}, secret_version=secret_version,
+                                annotations=maybe(KEYS_VERSION_ANNOTATION, keys_version),
                                 pod={"serviceAccountName": naming.gateway_name(svc.name),
                                      "terminationGracePeriodSeconds": 30,
                                      "containers": [container],

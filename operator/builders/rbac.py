@@ -1,26 +1,44 @@
-"""The gateway's ServiceAccount, Role and RoleBinding (pure).
+"""The gateway's ServiceAccount, Role, RoleBinding and Lease (pure).
 
 The Role holds exactly what the gateway does (docs/interfaces.md, "Gateway
 RBAC"): watch the engine EndpointSlices, read and patch this LLMService's
-scale subresource (autoscaler), patch engine pods (pod-deletion-cost before
-a scale-in) and hold a Lease (one active autoscaler). The operator must hold
-every one of these itself to grant them (RBAC escalation check), so
-install.py builds its ClusterRole from GATEWAY_RULES too.
+scale subresource (autoscaler), and read and renew its own Lease (one active
+autoscaler), which the operator creates empty so that no `create` (which
+resourceNames cannot limit) is granted. Names are pinned by resourceNames
+wherever Kubernetes allows it; EndpointSlices have generated names. The
+operator must hold every one of these itself to grant them (RBAC escalation
+check), so install.py builds its ClusterRole from GATEWAY_RULES too.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from pagedkube.gateway.autoscaler.lease import lease_name
 from pagedkube.operator import naming
 from pagedkube.operator.spec import LLMServiceSpec
 
-# (apiGroup, resource, verbs); resourceNames are added per LLMService where they apply.
+# (apiGroup, resource, verbs); resourceNames are added per LLMService where they apply (_names).
 GATEWAY_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
     (naming.GROUP, f"{naming.PLURAL}/scale", ("get", "patch")),
-    ("", "pods", ("patch",)),
-    ("coordination.k8s.io", "leases", ("get", "create", "update")),
+    ("coordination.k8s.io", "leases", ("get", "update")),
 )
+
+
+def _names(svc: LLMServiceSpec, resource: str) -> list[str] | None:
+    """The only objects of `resource` the gateway of `svc` may touch; None: any in the namespace."""
+    return {f"{naming.PLURAL}/scale": [svc.name], "leases": [lease_name(svc.name)]}.get(resource)
+
+
+def build_gateway_lease(svc: LLMServiceSpec) -> dict[str, Any]:
+    """The autoscaler Lease, empty: created once by the operator (not applied: the gateway writes
+    its spec), so the gateway needs no `create`."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": naming.metadata(lease_name(svc.name), svc.namespace, svc.name, svc.uid, "gateway"),
+        "spec": {},
+    }
 
 
 def build_gateway_service_account(svc: LLMServiceSpec) -> dict[str, Any]:
@@ -35,8 +53,8 @@ def build_gateway_role(svc: LLMServiceSpec) -> dict[str, Any]:
     rules = []
     for group, resource, verbs in GATEWAY_RULES:
         rule: dict[str, Any] = {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
-        if resource == f"{naming.PLURAL}/scale":  # only its own LLMService
-            rule["resourceNames"] = [svc.name]
+        if (names := _names(svc, resource)) is not None:
+            rule["resourceNames"] = names
         rules.append(rule)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -1,4 +1,4 @@
-"""Secure by default (docs/design.md "Operator"): the engines' generated Secret and their NetworkPolicy (pure).
+"""Secure by default (docs/design.md "Operator"): the generated Secrets and the engines' NetworkPolicy (pure).
 
 The Secret `<name>-engine-secret` holds two random values made once, when the
 operator first finds it missing, and never rotated by reconciling:
@@ -12,6 +12,10 @@ operator first finds it missing, and never rotated by reconciling:
 Both are always generated, so switching between the generated and a named key
 never needs the operator to change an existing Secret (it holds get/create only).
 The values come in as arguments: the reconciler draws them (reconcile.py).
+
+The Secret `<name>-api-key` (unless spec.gateway.apiKeySecretRef names the user's
+own, or spec.gateway.requireApiKey is false) holds the one client key the gateway
+requires, made once the same way: the gateway is closed to anyone without it.
 
 The NetworkPolicy admits to engine pods only this LLMService's gateway pods and
 the metrics scraper (spec.networkPolicy.metricsFrom), on the engine port.
@@ -28,7 +32,10 @@ from pagedkube.operator.spec import LLMServiceSpec
 
 API_KEY_KEY = "api-key"        # also the key inside spec.engine.apiKeySecretRef's Secret (docs/operator.md)
 HASH_SEED_KEY = "hash-seed"
+API_KEYS_FILE_KEY = "api-keys.yaml"   # the gateway's keys file inside its Secret (docs/interfaces.md)
+GENERATED_KEY_NAME = "default"      # the generated client key's name in metrics and logs
 SECRET_VERSION_ANNOTATION = "pagedkube.io/engine-secret-hash"   # on pod templates: a new Secret rolls the pods
+KEYS_VERSION_ANNOTATION = "pagedkube.io/api-key-hash"          # the gateway's: a new generated key rolls it
 
 
 def api_key_secret(svc: LLMServiceSpec) -> str:
@@ -36,6 +43,34 @@ def api_key_secret(svc: LLMServiceSpec) -> str:
     if not svc.engine.require_api_key:
         return ""
     return svc.engine.api_key_secret or naming.engine_secret_name(svc.name)
+
+
+def gateway_keys_secret(svc: LLMServiceSpec) -> str:
+    """The Secret (key api-keys.yaml) the gateway takes its client keys from; "" when the user
+    opted out (spec.gateway.requireApiKey false): closed by default."""
+    if not svc.gateway.require_api_key:
+        return ""
+    return svc.gateway.api_key_secret or naming.gateway_keys_secret_name(svc.name)
+
+
+def generates_gateway_key(svc: LLMServiceSpec) -> bool:
+    return svc.gateway.require_api_key and not svc.gateway.api_key_secret
+
+
+def build_gateway_keys_secret(svc: LLMServiceSpec, api_key: str) -> dict[str, Any]:
+    """`<name>-api-key`: the one client key (`api-key`, for the user to read) and the gateway's
+    keys file made of it (`api-keys.yaml`, JSON being YAML)."""
+    if not api_key:
+        raise ValueError("the gateway key Secret needs a non-empty key")
+    keys = json.dumps({"keys": [{"key": api_key, "name": GENERATED_KEY_NAME}]})
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": naming.metadata(naming.gateway_keys_secret_name(svc.name), svc.namespace, svc.name, svc.uid,
+                                    "gateway"),
+        "type": "Opaque",
+        "data": {API_KEY_KEY: _b64(api_key), API_KEYS_FILE_KEY: _b64(keys)},
+    }
 
 
 def secret_env(name: str, secret: str, key: str) -> dict[str, Any]:

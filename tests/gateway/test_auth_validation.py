@@ -83,6 +83,9 @@ def test_parse_request_checks_what_the_gateway_needs():
     assert (status, error["param"], error["message"], error["code"]) == (
         404, "model", "The model `nope` does not exist.", "model_not_found")
     assert parse_request(chat, b'{"model": "nope", "messages": [{}]}', None).model == "nope"  # models unknown yet
+    huge = json.dumps({"model": "m" * (1 << 20), "messages": [{}]}).encode()
+    assert _status(parse_request, chat, huge, {"m"})[1]["message"] == (
+        f"The model `{'m' * 256}... ({(1 << 20) - 256} more characters)` does not exist.")   # not echoed whole
     assert _status(parse_request, chat, b'{"messages": []}', None)[0] == 400
     assert _status(parse_request, chat, b'{"messages": [{}], "stream": "yes"}', None)[0] == 400
     assert _status(parse_request, "/v1/completions", b'{"model": "m"}', {"m"})[1]["param"] == "prompt"

@@ -27,10 +27,12 @@ def test_keyed_engines_behind_a_gateway(processes, engine_model_args, tmp_path, 
     processes.wait_ready(keyed, unkeyed)
 
     # The keyed gateway fetched the tokenizer and follows the feed through the engine's key.
-    wait_until(lambda: httpx.get(keyed.url + "/ready").json()["tokenizer"], timeout=30)
+    tenant = {"authorization": "Bearer sk-tenant"}   # /ready's details are for key holders
+    wait_until(lambda: httpx.get(keyed.url + "/ready", headers=tenant).json()["tokenizer"], timeout=30)
     first = complete(keyed.url, "sk-tenant")
     assert first.status_code == 200, first.text
-    wait_until(lambda: httpx.get(keyed.url + "/ready").json()["feeds"].get(engine.url, 0) > 0, timeout=30)
+    wait_until(lambda: httpx.get(keyed.url + "/ready", headers=tenant).json()["feeds"].get(engine.url, 0) > 0,
+               timeout=30)
     second = complete(keyed.url, "sk-tenant")
     assert second.status_code == 200 and second.headers["x-pagedkube-route"] == "affinity"
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 64

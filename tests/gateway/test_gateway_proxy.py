@@ -44,7 +44,8 @@ def cluster(module_processes, engine_model_args, tmp_path_factory, wait_until):
     module_processes.wait_ready(*gateways.values())
     for gw in gateways.values():  # the model list and the tokenizer arrive with the first polls
         wait_until(lambda: httpx.get(gw.url + "/v1/models", headers={"authorization": "Bearer sk-a"}).json()["data"]
-                   and httpx.get(gw.url + "/ready").json()["tokenizer"], timeout=30)
+                   and httpx.get(gw.url + "/ready", headers={"authorization": "Bearer sk-a"}).json()["tokenizer"],
+                   timeout=30)
     return engines, gateways
 
 
@@ -184,6 +185,22 @@ def test_api_keys_rate_limits_and_tenant_salts(cluster, metric, wait_until):
         second = c.completions.with_raw_response.create(model=MODEL_NAME, prompt=prompt, max_tokens=2)
         assert second.headers["x-pagedkube-endpoint"] == url and second.headers["x-pagedkube-route"] == "affinity"
         assert second.parse().usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_a_keyed_gateway_tells_nothing_about_engines_or_models_without_a_key(cluster):
+    _, gateways = cluster
+    gw, key = gateways["keys"].url, {"authorization": "Bearer sk-a"}
+    ready = httpx.get(gw + "/ready")
+    assert (ready.status_code, ready.json()) == (200, {"ready": True})   # what the readiness probe needs, no more
+    assert sorted(httpx.get(gw + "/ready", headers=key).json()) == ["endpoints", "feeds", "ready", "tokenizer"]
+    assert httpx.get(gw + "/ready", headers={"authorization": "Bearer sk-wrong"}).json() == {"ready": True}
+
+    def model_field(headers=None):
+        doc = httpx.get(gw + "/openapi.json", headers=headers).json()
+        return doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+            "properties"]["model"]
+    assert model_field() == {"type": "string"} and model_field(key) == {"type": "string", "enum": [MODEL_NAME]}
+    assert httpx.get(gw + "/v1/models").status_code == 401
 
 
 def test_models_health_ready_metrics(cluster, metric, wait_until):

@@ -22,7 +22,9 @@ def endpoint_slice(name: str, service: str, endpoints: list[tuple[str, dict]]) -
     return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
             "metadata": {"name": name, "namespace": NS, "labels": {"kubernetes.io/service-name": service}},
             "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
-            "endpoints": [{"addresses": [ip], "conditions": cond} for ip, cond in endpoints]}
+            "endpoints": [{"addresses": [ip], "conditions": cond,
+                           "targetRef": {"kind": "Pod", "name": f"{service}-pod-{ip.rsplit('.', 1)[1]}"}}
+                          for ip, cond in endpoints]}
 
 
 @pytest_asyncio.fixture
@@ -49,6 +51,10 @@ async def test_endpointslices_become_the_endpoint_set(cluster):
             await asyncio.sleep(0.05)
         assert endpoints.counts_by_state() == {"ready": 1, "not_ready": 1, "terminating": 1, "ejected": 0}
         assert endpoints.routable() == ["http://10.0.0.1:8000"]
+        # Metrics name engines by pod, not by address.
+        assert endpoints.label("http://10.0.0.1:8000") == "chat-engine-pod-1"
+        assert sorted(endpoints.load_parts()) == ["chat-engine-pod-1", "chat-engine-pod-2", "chat-engine-pod-3"]
+        assert endpoints.label("http://10.7.7.7:8000") == "http://10.7.7.7:8000"   # unknown: as given
         # A watch event (a change made through the API): 10.0.0.1 turns not-ready, 10.0.0.2 ready.
         patch = {"endpoints": endpoint_slice("chat-engine-1", "chat-engine", [
             ("10.0.0.1", {"ready": False}), ("10.0.0.2", {"ready": True})])["endpoints"]}
@@ -59,6 +65,7 @@ async def test_endpointslices_become_the_endpoint_set(cluster):
             await asyncio.sleep(0.05)
         assert endpoints.routable() == ["http://10.0.0.2:8000"]
         assert endpoints.counts_by_state()["not_ready"] == 1
+        assert endpoints.label("http://10.0.0.2:8000") == "chat-engine-pod-2"   # names from watch events too
     finally:
         discovery.stop()
         await asyncio.to_thread(discovery._thread.join, 15)  # the open watch ends within watch_timeout + 5 s

@@ -35,12 +35,13 @@ async def read_body(receive: Any) -> bytes:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[int]:
-    """Serves `app` on 127.0.0.1 until the block ends; yields the port once uvicorn listens."""
+def serve_in_thread(app: Any, **config: Any) -> Iterator[int]:
+    """Serves `app` on 127.0.0.1 until the block ends; yields the port once uvicorn listens.
+    `config`: more uvicorn.Config arguments (`http=` a protocol class)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -130,8 +130,11 @@ def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
     assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
                          "--host", "0.0.0.0", "--port", "8000", "--block-size", "16", "--max-num-seqs", "256",
-                         "--max-model-len", "4096", "--drain-timeout", "30", "--tool-call-parser", "auto",
+                         "--max-model-len", "4096", "--drain-timeout", "256", "--tool-call-parser", "auto",
                          "--structured-outputs-backend", "auto", "--device", "cuda", "--max-waiting", "64"]
+    # No drainTimeoutSeconds: long enough for a 4096-token answer at 20 tokens/s (x 1.25), the
+    # scale-in's rule; the pod's grace covers preStop (5 s), the drain and 10 s to exit.
+    assert pod["terminationGracePeriodSeconds"] == 5 + 256 + 10
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "24Gi"}}
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -151,7 +154,8 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
                          "--pending-ttl", "0",   # two gateway replicas: no pending record (pending.py)
                          "--api-keys", "/etc/pagedkube/api-keys/api-keys.yaml",
                          "--autoscale", "--llmservice", "demo", "--min-replicas", "1", "--max-replicas", "8",
-                         "--target-queue-depth", "2.5", "--scale-up-window", "0", "--scale-down-window", "300"]
+                         "--target-queue-depth", "2.5", "--engine-capacity", "256", "--scale-up-window", "0",
+                         "--scale-down-window", "300"]
     assert {"name": "api-keys", "secret": {"secretName": "keys", "items": [
         {"key": "api-keys.yaml", "path": "api-keys.yaml"}]}} in pod["volumes"]
     assert {"name": "api-keys", "mountPath": "/etc/pagedkube/api-keys", "readOnly": True} in c["volumeMounts"]
@@ -209,8 +213,8 @@ def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["pagedkube.io"], "resources": ["llmservices/scale"], "verbs": ["get", "patch"],
          "resourceNames": ["demo"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+         "resourceNames": ["demo-autoscaler"]},   # the operator creates it: no create to grant
     ]
     binding = objs["RoleBinding/demo-gateway"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "demo-gateway"}
@@ -261,6 +265,12 @@ def test_pdb_allows_draining_one_engine_at_a_time() -> None:
     ({"model": {"source": "builtin://tiny"}, "autoscaling": {"minReplicas": 5, "maxReplicas": 4}}, "exceeds"),
     ({"model": {"source": "builtin://tiny"}, "engine": {"blockSize": 12}}, "blockSize must be one of"),
     ({"model": {"source": "builtin://tiny"}, "gateway": {"routing": {"loadBound": 0.5}}}, "loadBound"),
+    ({"model": {"source": "pvc://c/../x"}}, "has a '..' segment"),
+    ({"model": {"source": "pvc://claim/../../var/run/secrets/kubernetes.io"}}, "has a '..' segment"),
+    ({"model": {"source": "pvc://claim/models/.."}}, "has a '..' segment"),
+    ({"model": {"source": "hf://org/name@../main"}}, "has a '..' segment"),
+    ({"model": {"source": "builtin://tiny"}, "gateway": {"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}},
+     "spec.gateway.requireApiKey false contradicts"),
 ])
 def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -68,8 +68,8 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     obj = apply_defaults(schema, {"spec": {"model": {"source": "builtin://tiny"}}})
     assert obj["spec"]["replicas"] == 1
     assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
-                                     "drainTimeoutSeconds": 30, "requireApiKey": True, "toolCallParser": "auto",
-                                     "structuredOutputsBackend": "auto"}
+                                     "requireApiKey": True, "toolCallParser": "auto",
+                                     "structuredOutputsBackend": "auto"}   # drainTimeoutSeconds: the operator derives it
     assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
     assert obj["spec"]["gateway"]["routeHeaders"] is False
     assert obj["spec"]["networkPolicy"] == {"enabled": True}   # metricsFrom unset: the operator's default
@@ -113,6 +113,13 @@ INVALID = [
     ("no key but a key secret", variant(engine={"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}),
      ".spec.engine: engine.requireApiKey false contradicts engine.apiKeySecretRef"),
     ("empty metrics peer", variant(networkPolicy={"metricsFrom": [{}]}), "spec.networkPolicy.metricsFrom.0: {}"),
+    ("pvc dot-dot", variant(model={"source": "pvc://c/../x"}), ".spec.model: model.source must not have a '..' segment"),
+    ("pvc climbing out", variant(model={"source": "pvc://claim/../../var/run/secrets/kubernetes.io/token"}),
+     ".spec.model: model.source must not have a '..' segment"),
+    ("hf revision dot-dot", variant(model={"source": "hf://org/name@../x"}),
+     ".spec.model: model.source must not have a '..' segment"),
+    ("open gateway with keys", variant(gateway={"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}),
+     ".spec.gateway: gateway.requireApiKey false contradicts gateway.apiKeySecretRef"),
 ]
 
 
@@ -149,3 +156,6 @@ def test_the_same_specs_pass_when_fixed() -> None:
                  networkPolicy={"metricsFrom": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]},
                  model={"source": "pvc://weights/llama"})
     assert validate(CRD, ok) == []
+    for source in ("pvc://c/models/llama..v2/x", "pvc://c/a.b/...", "hf://org/name@v1.0", "pvc://c/./x"):
+        assert validate(CRD, variant(model={"source": source})) == [], source   # dots, but no '..' segment
+    assert validate(CRD, variant(gateway={"requireApiKey": False})) == []

@@ -43,8 +43,9 @@ CHILD_RESOURCES = {
     "Role": "rbac.authorization.k8s.io/v1/roles", "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings",
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets", "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Secret": "v1/secrets",
+    "Lease": "coordination.k8s.io/v1/leases",
 }
-ALL_CHILDREN = 11   # build_children's 10 with a ServiceMonitor, and the generated Secret
+ALL_CHILDREN = 13   # build_children's 10 with a ServiceMonitor; the two generated Secrets and the Lease
 LLMSERVICE = "pagedkube.io/v1alpha1/llmservices"
 RESOURCES: dict[str, Any] = {
     LLMSERVICE: dict(kind="LLMService", namespaced=True, subresources={"status", "scale"}),
@@ -214,9 +215,8 @@ async def test_no_service_monitor_without_the_prometheus_operator(operator: Clus
     await until(lambda: "pagedkube.io/last-handled-configuration" in
                 (obj(operator, LLMSERVICE, "demo")["metadata"].get("annotations") or {}), "creation handled")
     assert sorted(children_in(operator)) == [
-        "Deployment/demo-engine", "Deployment/demo-gateway", "NetworkPolicy/demo-engine",
-        "PodDisruptionBudget/demo-engine", "Role/demo-gateway", "RoleBinding/demo-gateway",
-        "Secret/demo-engine-secret", "Service/demo", "Service/demo-engine", "ServiceAccount/demo-gateway"]
+        "Deployment/demo-engine", "Deployment/demo-gateway", "Lease/demo-autoscaler", "NetworkPolicy/demo-engine",
+        "PodDisruptionBudget/demo-engine", "Role/demo-gateway", "RoleBinding/demo-gateway", "Secret/demo-api-key", "Secret/demo-engine-secret", "Service/demo", "Service/demo-engine", "ServiceAccount/demo-gateway"]
 
 
 async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulator) -> None:
@@ -261,7 +261,8 @@ async def test_resync_restores_unwatched_children(operator: ClusterEmulator) -> 
                     content_type="application/json")
     await until(lambda: len(children_in(operator)) == ALL_CHILDREN, "every child")
     await user.call("DELETE", api_path("monitoring.coreos.com/v1", "ServiceMonitor", NS, "demo"))
-    assert obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is None
+    # (No check that it is gone: with a 0.3 s resync it may already be back; the Restored Event
+    # below says it was deleted and re-applied.)
     await until(lambda: obj(operator, "monitoring.coreos.com/v1/servicemonitors", "demo") is not None,
                 "the ServiceMonitor back")
     await until(lambda: ("Restored", "ServiceMonitor demo was deleted; re-applied") in events(operator),
@@ -387,6 +388,9 @@ async def test_the_engine_secret_is_made_once_never_rotated_and_remade_if_delete
 
     await asyncio.to_thread(reconciler.reconcile, body)
     assert secret() == {"api-key": "token-0", "hash-seed": "token-1"}
+    # Closed by default: the gateway's client key, made the same way, for the user to read.
+    client = obj(cluster, "v1/secrets", "demo-api-key")["data"]
+    assert base64.b64decode(client["api-key"]).decode() == "token-2"
     owner = obj(cluster, "v1/secrets", "demo-engine-secret")["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"]) == ("LLMService", body["metadata"]["uid"])
     first = annotation("demo-engine")
@@ -398,5 +402,7 @@ async def test_the_engine_secret_is_made_once_never_rotated_and_remade_if_delete
     assert annotation("demo-engine") == first
     await user.call("DELETE", api_path("v1", "Secret", NS, "demo-engine-secret"))
     await asyncio.to_thread(reconciler.reconcile, body)
-    assert secret() == {"api-key": "token-2", "hash-seed": "token-3"}
+    # Every reconcile offers new values in a create (the operator never reads Secrets); only a
+    # missing Secret takes them: token-3..5 were refused (409), token-6 and 7 made this one.
+    assert secret() == {"api-key": "token-6", "hash-seed": "token-7"}
     assert annotation("demo-engine") == annotation("demo-gateway") != first

@@ -40,8 +40,8 @@ def test_children_are_never_deleted_by_the_operator_but_those_a_switch_turns_off
     assert deletable == {("monitoring.coreos.com", "servicemonitors"), ("networking.k8s.io", "networkpolicies")}
 
 
-def test_secrets_are_only_read_and_created() -> None:
-    assert {v for g, r, v in triples(cluster_role()["rules"]) if (g, r) == ("", "secrets")} == {"get", "create"}
+def test_secrets_are_only_created_never_read() -> None:
+    assert {v for g, r, v in triples(cluster_role()["rules"]) if (g, r) == ("", "secrets")} == {"create"}
 
 
 def test_operator_modules_import_without_torch() -> None:

@@ -134,3 +134,42 @@ def test_network_policy_takes_your_scraper_or_none_or_is_switched_off() -> None:
     assert "NetworkPolicy/demo-engine" not in objects(svc(networkPolicy={"enabled": False}))
     with pytest.raises(ValueError, match="metricsFrom must be a list of NetworkPolicy peers"):
         svc(networkPolicy={"metricsFrom": [{"pods": "prometheus"}]})
+
+
+def test_the_gateway_is_closed_by_default_with_a_generated_key() -> None:
+    from pagedkube.operator.builders.security import KEYS_VERSION_ANNOTATION, build_gateway_keys_secret
+    s = svc()
+    secret = build_gateway_keys_secret(s, api_key="sk-generated")
+    assert secret["metadata"]["name"] == "demo-api-key"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {"api-key": "sk-generated",
+                    "api-keys.yaml": '{"keys": [{"key": "sk-generated", "name": "default"}]}'}
+    assert kubernetes_validate.validate(secret, K8S_VERSION, strict=True) == K8S_VERSION
+    objs = {f"{c['kind']}/{c['metadata']['name']}": c
+            for c in build_children(s, with_service_monitor=False, keys_version="abc")}
+    c = container(objs, "demo-gateway")
+    assert c["args"][c["args"].index("--api-keys") + 1] == "/etc/pagedkube/api-keys/api-keys.yaml"
+    pod = objs["Deployment/demo-gateway"]["spec"]["template"]
+    assert {"name": "api-keys", "secret": {"secretName": "demo-api-key", "items": [
+        {"key": "api-keys.yaml", "path": "api-keys.yaml"}]}} in pod["spec"]["volumes"]
+    assert pod["metadata"]["annotations"][KEYS_VERSION_ANNOTATION] == "abc"
+
+
+def test_your_own_gateway_keys_or_an_explicit_opt_out() -> None:
+    own = container(objects(svc(gateway={"apiKeySecretRef": {"name": "tenants"}})), "demo-gateway")
+    assert "--api-keys" in own["args"]
+    mine = objects(svc(gateway={"apiKeySecretRef": {"name": "tenants"}}))["Deployment/demo-gateway"]
+    assert mine["spec"]["template"]["spec"]["volumes"][-1]["secret"]["secretName"] == "tenants"
+    open_ = objects(svc(gateway={"requireApiKey": False}))["Deployment/demo-gateway"]["spec"]["template"]["spec"]
+    assert "--api-keys" not in open_["containers"][0]["args"]
+    assert [v["name"] for v in open_["volumes"]] == ["tmp"]
+
+
+def test_the_gateway_image_is_the_operators_unless_the_cluster_allows_a_choice() -> None:
+    s = svc(gateway={"image": "registry.example.com/my-gateway:evil"})
+    pinned = {f"{c['kind']}/{c['metadata']['name']}": c for c in build_children(s, with_service_monitor=False)}
+    assert container(pinned, "demo-gateway")["image"] == naming.GATEWAY_IMAGE
+    allowed = {f"{c['kind']}/{c['metadata']['name']}": c
+               for c in build_children(s, with_service_monitor=False, allow_gateway_image=True)}
+    assert container(allowed, "demo-gateway")["image"] == "registry.example.com/my-gateway:evil"

@@ -44,7 +44,7 @@ def test_step_failure_fails_only_requests_in_flight(app_url):
         assert "injected fault" in r.json()["error"]["message"]
         with c.stream("POST", "/v1/completions", json={**ok, "stop": [FAIL_MARK], "stream": True}) as s:
             lines = [line for line in s.iter_lines() if line]
-        assert "injected fault" in lines[0] and lines[-1] == "data: [DONE]"
+        assert lines == [lines[0]] and "injected fault" in lines[0]   # the error event, and no [DONE] after it
         # The engine loop survived, the failed requests' blocks are back, answers are unchanged.
         assert c.post("/v1/completions", json=ok).json()["choices"][0]["text"] == before
         assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200

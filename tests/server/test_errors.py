@@ -32,6 +32,10 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
     ("/v1/completions", {**COMPLETION, "seed": 2 ** 70}, "seed"),
     ("/v1/completions", {**COMPLETION, "prompt": [10 ** 6]}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "prompt": [True, False]}, "prompt"),   # not token ids 1 and 0
+    ("/v1/completions", {**COMPLETION, "stop_token_ids": [True]}, "stop_token_ids"),
+    ("/v1/completions", {**COMPLETION, "stream": "yes"}, "stream"),            # as the gateway refuses it
+    ("/v1/chat/completions", {**CHAT, "stream": 1}, "stream"),
     ("/v1/completions", {**COMPLETION, "stop_token_ids": [-1]}, "stop_token_ids"),
     ("/v1/completions", {**COMPLETION, "min_tokens": 5}, "min_tokens"),
     ("/v1/completions", {**COMPLETION, "presence_penalty": 2.5}, "presence_penalty"),   # [-2, 2]; 0.5 is honoured
@@ -89,6 +93,18 @@ def test_unknown_model_is_404(client, http):
     assert http.post("/tokenize", json={"model": "gpt-17", "prompt": "hi"}).status_code == 404
 
 
+def test_a_huge_model_name_is_not_echoed_whole(http):
+    name = "m" * (1 << 20)
+    r = http.post("/v1/completions", json={**COMPLETION, "model": name})
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == f"The model `{'m' * 256}... ({(1 << 20) - 256} more characters)` does not exist."
+
+
+def test_stream_null_is_false(http):
+    r = http.post("/v1/completions", json={**COMPLETION, "stream": None})
+    assert r.status_code == 200 and r.json()["object"] == "text_completion"
+
+
 def test_unknown_route_is_openai_shaped_404(http):
     r = http.get("/v1/nothing-here")
     assert r.status_code == 404 and "error" in r.json()
@@ -113,6 +129,11 @@ def test_api_key(small_server):
     assert httpx.post(f"{url}/tokenize", json={"prompt": "hi"}).status_code == 401
     assert httpx.get(f"{url}/health").status_code == 200                                   # liveness is open
     assert httpx.get(f"{url}/ready").status_code == 200
+    for scheme in ("bearer", "BEARER", "Bearer  "):   # RFC 9110: the scheme is case-insensitive
+        r = httpx.post(f"{url}/tokenize", json={"prompt": "hi"}, headers={"Authorization": f"{scheme} {API_KEY}"})
+        assert r.status_code == 200, (scheme, r.text)
+    assert httpx.post(f"{url}/tokenize", json={"prompt": "hi"},
+                      headers={"Authorization": f"Basic {API_KEY}"}).status_code == 401
     good = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
     assert [m.id for m in good.models.list().data] == [MODEL_NAME]
     assert good.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).usage.completion_tokens >= 1

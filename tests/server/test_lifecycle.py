@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pagedkube.engine.server.metrics import (INTER_TOKEN_BUCKETS, METRIC_NAMES, REQUEST_LATENCY_BUCKETS,
                                              TTFT_BUCKETS)
 
-from .conftest import MODEL_NAME, ServerProcess, metric_value, wait_until
+from .conftest import API_KEY, MODEL_NAME, ServerProcess, metric_value, wait_until
 
 PROMISED_METRICS = (  # docs/design.md "Engine server", as exposed (counters carry _total)
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -139,6 +139,29 @@ def test_sigterm_lets_a_running_request_finish(tmp_path):
         proc.kill()
 
 
+def test_post_drain_refuses_new_requests_finishes_running_ones_and_delete_undoes_it(small_server):
+    """A scale-in's drain (gateway/autoscaler/drain.py): the engine stays up, says how many
+    requests it still has, refuses new ones with the 503 gateways retry elsewhere."""
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": MODEL_NAME, "prompt": "Tell me about parrots.", "max_tokens": 60, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(base_url=small_server.url, timeout=60, headers=key) as c:
+        assert c.post("/drain", headers={"Authorization": "Bearer wrong"}).status_code == 401   # the engine key only
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            assert c.post("/drain").json() == {"draining": True, "in_flight": 1}
+            assert c.get("/ready").status_code == 503
+            refused = c.post("/v1/completions", json={**body, "stream": False})
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+            chunks = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"   # the running one finished
+        wait_until(lambda: c.post("/drain").json()["in_flight"] == 0)
+        assert c.delete("/drain").json() == {"draining": False, "in_flight": 0}
+        assert c.get("/ready").status_code == 200
+        assert c.post("/v1/completions", json={**body, "stream": False, "max_tokens": 2}).status_code == 200
+
+
 def test_sigterm_answers_cache_feed_long_polls(tmp_path):
     """A gateway's long-poll of the cache feed must not hold up a drain: it is
     answered (with nothing new) when the drain starts, and the process exits."""
@@ -171,7 +194,7 @@ def test_sigterm_aborts_after_drain_timeout(tmp_path):
             next(lines)
             proc.proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]
-        assert any('"error"' in line for line in rest) and rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-1] and "data: [DONE]" not in rest
         assert proc.proc.wait(60) == 0
     finally:
         proc.kill()

@@ -1,6 +1,7 @@
 """The Kubernetes scale target against kmock's Kubernetes emulator (a real HTTP API,
-in memory): the scale subresource PATCH, the pod-deletion-cost annotations
-before a scale-in, and the Lease that lets one gateway replica act."""
+in memory): the scale subresource PATCH (and no pod write: a scale-in drains its
+engines first, and the ReplicaSet removes the not-ready pods), and the Lease that
+lets one gateway replica act."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
-from pagedkube.gateway.autoscaler.kube import DELETION_COST, KubeApi, KubeScaleTarget
+from pagedkube.gateway.autoscaler.kube import KubeApi, KubeScaleTarget
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
@@ -93,40 +94,38 @@ def scaler(cluster, endpoints: EndpointSet, identity: str = "gw-0", **config) ->
                       clock=lambda: 100.0)
 
 
-async def test_scale_in_marks_the_least_worth_pod_then_patches_the_scale_subresource(cluster):
+async def test_scale_in_drains_the_least_busy_engines_and_patches_only_the_scale_subresource(cluster):
     endpoints = EndpointSet()
     endpoints.update(dict.fromkeys(URLS, READY))
+    for url, running in zip(URLS, (3, 0, 1)):   # 4 in flight: one engine runs them all
+        endpoints.set_scraped(url, running=running, waiting=0, own=0)
     auto = scaler(cluster, endpoints)
-    for url, hits in zip(URLS, (500, 0, 80)):        # hits over the window: 10.0.0.2 is worth least
-        auto.worth.observe(url, 1000, 0.0)
-        auto.worth.observe(url, 1000 + hits, 50.0)
-    decision = await auto.tick()                    # empty queues -> min (1) at once (window 0)
-    assert (decision.current, decision.desired) == (3, 1)
     merge = "application/merge-patch+json"
-    pod_patches = [w for w in writes(cluster) if "/pods/" in w[1]]
-    assert pod_patches == [
-        ("PATCH", f"/api/v1/namespaces/{NS}/pods/{PODS[0]}", merge, {"metadata": {"annotations": {DELETION_COST: "500"}}}),
-        ("PATCH", f"/api/v1/namespaces/{NS}/pods/{PODS[1]}", merge, {"metadata": {"annotations": {DELETION_COST: "-1"}}}),
-        ("PATCH", f"/api/v1/namespaces/{NS}/pods/{PODS[2]}", merge, {"metadata": {"annotations": {DELETION_COST: "-1"}}}),
-    ]
-    assert [w for w in writes(cluster) if w[1] == SCALE_PATH] == [("PATCH", SCALE_PATH, merge, {"spec": {"replicas": 1}})]
-    all_paths = [w[1] for w in writes(cluster)]
-    assert all_paths.index(SCALE_PATH) > max(all_paths.index(f"/api/v1/namespaces/{NS}/pods/{p}") for p in PODS)
+    decision = await auto.tick()                # down at once (window 0): drain 10.0.0.2 (idle) and 10.0.0.3
+    assert (decision.current, decision.serving, decision.desired) == (3, 3, 1)
+    assert endpoints.routable() == [URLS[0]] and endpoints.draining() == URLS[1:]
+    # 10.0.0.2 was idle: gone at once; 10.0.0.3 still runs a request: it stays.
+    assert [w for w in writes(cluster) if w[1] == SCALE_PATH] == [("PATCH", SCALE_PATH, merge, {"spec": {"replicas": 2}})]
+    assert list(auto.drains) == [URLS[2]]
+    endpoints.set_scraped(URLS[2], running=0, waiting=0, own=0)   # its request finished
+    await auto.tick()
+    assert [w[3] for w in writes(cluster) if w[1] == SCALE_PATH] == [{"spec": {"replicas": 2}}, {"spec": {"replicas": 1}}]
+    assert not [w for w in writes(cluster) if "/pods/" in w[1]]   # no pods: patch anywhere
     assert cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME]["spec"]["replicas"] == 1
-    assert auto.metrics.scale_events.labels("down")._value.get() == 1
+    assert auto.metrics.scale_events.labels("down")._value.get() == 2 and auto.drains == {}
 
 
 async def test_scale_up_patches_replicas_without_touching_pods(cluster):
     endpoints = EndpointSet()
     endpoints.update({URLS[0]: READY})
-    endpoints.set_scraped(URLS[0], running=2, waiting=14, own=0)  # 14 waiting / 4 per engine -> 4
+    endpoints.set_scraped(URLS[0], running=2, waiting=14, own=0)  # 16 in flight, 2 run at once
     cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME] = {
         "apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
         "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}}
-    decision = await scaler(cluster, endpoints).tick()
-    assert (decision.queue_depth, decision.current, decision.desired) == (14, 1, 4)
+    decision = await scaler(cluster, endpoints, engine_capacity=2).tick()
+    assert (decision.queue_depth, decision.current, decision.desired) == (14, 1, 3)   # ceil(16 / (2 + 4))
     assert [w for w in writes(cluster) if "/pods/" in w[1]] == []
-    assert ("PATCH", SCALE_PATH, "application/merge-patch+json", {"spec": {"replicas": 4}}) in writes(cluster)
+    assert ("PATCH", SCALE_PATH, "application/merge-patch+json", {"spec": {"replicas": 3}}) in writes(cluster)
 
 
 async def test_only_the_lease_holder_acts_and_an_expired_lease_is_taken_over(cluster):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkube.gateway.autoscaler.policy import AutoscalerConfig, Stabilizer, bounded, desired_replicas
+from pagedkube.gateway.autoscaler.policy import (
+    FALLBACK_SCALE_IN_GRACE_S, AutoscalerConfig, Stabilizer, bounded, desired_for_in_flight, desired_replicas,
+    in_flight_queue_depth, scale_in_grace)
 
 
 @pytest.mark.parametrize("ready,current,queue,target,expected", [
@@ -22,6 +24,44 @@ def test_desired_replicas(ready, current, queue, target, expected):
     assert desired_replicas(ready, current, queue, target, 0.1) == expected
 
 
+# The scenario of the issue that brought the in-flight signal: --max-num-seqs 8 (S), --target-queue-depth 4 (T).
+@pytest.mark.parametrize("ready,current,in_flight,expected", [
+    (1, 1, 40, 4),     # 40 clients: ceil(40 / (8 + 4)) = 4 (bounded to 3 by --max-replicas)
+    (3, 3, 12, 2),     # 12 long streams: the fewest engines that still run all 12: ceil(12 / 7.2) = 2
+    (2, 2, 12, 2),     # ... and there it stays while they run (one engine would queue 4 for minutes)
+    (2, 2, 15, 2),     # between up (ceil(15/12) = 2) and down (ceil(15/7.2) = 3): kept, the hysteresis band
+    (2, 2, 25, 3),     # beyond T per engine: up
+    (3, 3, 0, 0),      # idle: as few as allowed
+    (1, 1, 8, 1),      # a busy engine with an empty queue: kept (the old signal saw 0 and scaled in)
+    (0, 0, 1, 1),      # scale from zero
+    (0, 0, 0, 0),
+    (1, 1, 12, 1),     # 12 = 8 running + 4 waiting: at the target, not above it
+])
+def test_desired_for_in_flight(ready, current, in_flight, expected):
+    assert desired_for_in_flight(ready, current, in_flight, 8, 4, 0.1) == expected
+
+
+def test_in_flight_queue_depth_counts_what_the_running_slots_cannot_hold():
+    assert [in_flight_queue_depth(d, 2, 8) for d in (0, 16, 20)] == [0, 0, 4]
+    with pytest.raises(ValueError, match="negative"):
+        desired_for_in_flight(1, 1, -1, 8, 4, 0.1)
+
+
+def test_a_steady_load_near_a_boundary_does_not_flip_flop():
+    # in flight wanders 13..24 on 2 engines (up at 25, down at 7.2 or fewer): the count stays.
+    out = [desired_for_in_flight(2, 2, d, 8, 4, 0.1) for d in (13, 18, 24, 8, 17, 21, 15)]
+    assert out == [2] * 7
+    # the same wander on 3 engines keeps 3 while it can still need them (more than 14.4 in flight)
+    assert [desired_for_in_flight(3, 3, d, 8, 4, 0.1) for d in (15, 18, 24, 21)] == [3] * 4
+
+
+def test_the_scale_in_grace_is_set_or_derived_from_the_longest_request():
+    assert scale_in_grace(AutoscalerConfig(scale_in_grace=90), 4096, 20.0) == 90
+    assert scale_in_grace(AutoscalerConfig(), 4096, 20.0) == pytest.approx(1.25 * 4096 / 20)   # 256 s
+    assert scale_in_grace(AutoscalerConfig(), None, 20.0) == FALLBACK_SCALE_IN_GRACE_S
+    assert scale_in_grace(AutoscalerConfig(), 4096, None) == FALLBACK_SCALE_IN_GRACE_S
+
+
 def test_desired_replicas_rejects_negative_inputs():
     with pytest.raises(ValueError, match="negative"):
         desired_replicas(-1, 1, 0, 4, 0.1)
@@ -38,7 +78,8 @@ def test_bounds():
     (dict(min_replicas=-1), "min-replicas"), (dict(min_replicas=3, max_replicas=2), "max-replicas"),
     (dict(max_replicas=0, min_replicas=0), "max-replicas"), (dict(target_queue_depth=0), "target-queue-depth"),
     (dict(scale_down_window=-1), "window"), (dict(interval=0), "interval"), (dict(tolerance=1.0), "tolerance"),
-    (dict(max_held=-1), "max-held"),
+    (dict(max_held=-1), "max-held"), (dict(engine_capacity=0), "engine-capacity"),
+    (dict(signal="cpu"), "scale-signal"), (dict(scale_in_grace=-1), "scale-in-grace"),
 ])
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
