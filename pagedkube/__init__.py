@@ -15,6 +15,9 @@ and operator/ in the repository; docs/design.md "Layout").
     llmservice.py      the LLMService's group, version, kind, plural (operator and autoscaler)
     defaults.py        default_of(Config, "field"): flag defaults read from the config dataclasses
     http_limits.py     BodyLimits: body size and read deadline (engine and gateway)
+    http_head_limits.py HeadLimits: header size, count, read deadline, open connections (both servers)
+    unicode_text.py    where a JSON body holds a lone UTF-16 surrogate (400s at both servers)
+    echo.py            a client's string as an error message may repeat it (bounded, encodable)
     access_log.py      the request id and the access-log line
     observability.py   --access-log, --otlp-traces-endpoint
     tracing.py         OpenTelemetry spans, optional

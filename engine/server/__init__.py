@@ -10,6 +10,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     engine_core.py    the engine core (own process, or a thread): owns the LLMEngine
     core_messages.py  the typed messages between the two (RequestDelta per step)
     streams.py        per-request output streams (on the event loop)
+    text_check.py     a 400 naming the field for text that is not Unicode (a lone surrogate)
     protocol.py       request bodies (pydantic; vLLM's extension fields, unknown ones ignored)
     prepare.py        body -> Prepared: tokenize, check limits, the constraint, SamplingParams
     generation.py     Generation: submit, stream the deltas, collect; abort on disconnect
