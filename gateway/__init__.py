@@ -8,6 +8,7 @@
     auth.py            API keys, per-key rate limits, per-tenant cache salts
     prompt.py          request body -> RoutingInput, hashing as the engine does
     proxy.py           forwards a request along a routing decision; retries before the first byte
+    engine_api.py      /v1/models/{id}, /tokenize, /detokenize, /version through the gateway
     hold.py            holds requests while no engine is ready (scale from zero)
     endpoints.py       EndpointSet: the engines, their state and load
     discovery.py       engines from a static list or a Service's EndpointSlices

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from pagedkube.access_log import AccessLog
+from pagedkube.gateway import engine_api
 from pagedkube.gateway.access_log import LOGGER as ACCESS_LOGGER, AccessLogMiddleware, note_route
 from pagedkube.gateway.auth import ApiKeys, RateLimiter, retry_after_header
 from pagedkube.gateway.autoscaler.policy import DEFAULT_MAX_HELD
@@ -233,7 +234,8 @@ def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
         AccessLogMiddleware  x-request-id, one access-log line and span per request (gateway/access_log.py)
         BodyLimits           413 / 408 before anything reads the body (pagedkube/http_limits.py)
         FastPath             the two proxied routes (gateway/fast_path.py)
-        FastAPI              /v1/models, /health, /ready, /metrics; 404 / 405 for the rest
+        FastAPI              /v1/models[/{id}], /tokenize, /detokenize, /version (engine_api.py),
+                             /health, /ready, /metrics; 404 / 405 for the rest
     """
     gateway = Gateway(config, endpoints=endpoints, scale_target=scale_target)
     tracing = build_tracing("pagedkube-gateway", config.observability.otlp_traces_endpoint)
@@ -275,6 +277,8 @@ def create_app(config: GatewayConfig, *, endpoints: EndpointSet | None = None,
         except GatewayError as e:
             return e.response()
         return JSONResponse(await gateway.merged_models())
+
+    engine_api.install(app, gateway)
 
     @app.get("/health")
     async def health() -> Response:

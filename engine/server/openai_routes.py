@@ -136,6 +136,13 @@ def _model_card(state: ServerState) -> dict:
             "max_model_len": state.info.max_model_len}
 
 
+@router.get("/version")
+async def version() -> dict:
+    """vLLM's /version: the server's version."""
+    from pagedkube import __version__
+    return {"version": __version__}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [_model_card(_state(request))]}
