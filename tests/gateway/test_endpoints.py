@@ -174,7 +174,7 @@ def test_parse_engine_metrics_reads_an_engine_page_as_prometheus_client_does():
 
     from pagedkube.engine.llm_engine import EngineStats
     from pagedkube.engine.server.metrics import EngineMetrics
-    from pagedkube.gateway.engine_metrics import PREFIX_CACHE_HITS, RUNNING, WAITING
+    from pagedkube.gateway.engine_metrics import GENERATION_TOKENS, PREFIX_CACHE_HITS, RUNNING, WAITING
 
     pages = []
     for model, (running, waiting, hits) in (("a", (3, 5, 400)), ("b", (1, 0, 23))):
@@ -188,7 +188,8 @@ def test_parse_engine_metrics_reads_an_engine_page_as_prometheus_client_does():
     library: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (RUNNING, WAITING, PREFIX_CACHE_HITS):
+            if sample.name in (RUNNING, WAITING, PREFIX_CACHE_HITS, GENERATION_TOKENS):
                 library[sample.name] = library.get(sample.name, 0.0) + sample.value
-    assert library == {RUNNING: 4.0, WAITING: 5.0, PREFIX_CACHE_HITS: 423.0}
-    assert parse_engine_metrics(text) == EngineScrape(running=4, waiting=5, prefix_cache_hits=423.0)
+    assert library == {RUNNING: 4.0, WAITING: 5.0, PREFIX_CACHE_HITS: 423.0, GENERATION_TOKENS: 0.0}
+    assert parse_engine_metrics(text) == EngineScrape(running=4, waiting=5, prefix_cache_hits=423.0,
+                                                      generation_tokens=library[GENERATION_TOKENS])
