@@ -12,27 +12,11 @@ from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
 from pagedkube.gateway.endpoints import READY, EndpointSet
 from pagedkube.gateway.hold import HoldQueue
+from scale_targets import RecordingTarget
 
 A, B, C = "http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"
 
 
-class RecordingTarget:
-    def __init__(self, replicas: int):
-        self.replicas = replicas
-        self.calls: list[tuple[int, list[str]]] = []
-
-    async def is_leader(self) -> bool:
-        return True
-
-    async def get_replicas(self) -> int:
-        return self.replicas
-
-    async def scale(self, replicas, victims, worth) -> None:
-        self.calls.append((replicas, list(victims)))
-        self.replicas = replicas
-
-    async def close(self) -> None:
-        pass
 
 
 class Engines:
