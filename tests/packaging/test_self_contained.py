@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Spelled in pieces so that this file does not match itself.
 OUTSIDE_NOTES = re.compile("|".join([
     r"\bDESIGN" + r"(\.md|\s*§)", r"\bPITFALLS" + r"\b", r"\bSTYLE" + r"\.md", r"\.\./" + r"shared\b",
+    r"\bCPU-" + r"FACTS\b", r"\bREAL-" + r"NODE\b",
     r"/" + r"work/",
 ]))
 RELATIVE_PATH = re.compile(r"(?<![\w.$/])((?:\.\./)+[\w.-][\w./-]*)")
