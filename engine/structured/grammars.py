@@ -125,18 +125,20 @@ class GrammarState:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer (xgrammar's TokenizerInfo) in a thread pool."""
+    """Compiles constraints for one tokenizer (xgrammar's TokenizerInfo) in a thread pool.
+
+    The tokenizer tables (0.2 s for a 49K vocabulary, 0.6 s for 152K) are built by the first
+    compile, in the pool, not by the constructor: the engine makes its compiler on the step
+    loop when the first constrained request arrives."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, stop_token_ids: list[int], *,
                  cache_size: int = DEFAULT_CACHE_SIZE, threads: int = DEFAULT_COMPILE_THREADS):
-        xgr = _xgr()
-        from transformers import PreTrainedTokenizerFast
-        from tokenizers import Tokenizer as HFTokenizer
-
-        hf = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tokenizer_json))
-        self.info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
+        _xgr()                         # a missing library fails the first constrained request here
+        self._tokenizer_json = tokenizer_json
+        self._stop_token_ids = list(stop_token_ids)
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._compiler: Any = None
+        self._tables_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar-compile")
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()  # the cache is touched by the caller and by the pool's done callbacks
@@ -170,11 +172,26 @@ class GrammarCompiler:
         future.add_done_callback(forget_failure)
         return future
 
+    def _xgrammar_compiler(self) -> Any:
+        """xgrammar's compiler over this tokenizer's tables, built once (in a pool thread)."""
+        with self._tables_lock:
+            if self._compiler is None:
+                xgr = _xgr()
+                from tokenizers import Tokenizer as HFTokenizer
+                from transformers import PreTrainedTokenizerFast
+
+                hf = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(self._tokenizer_json))
+                info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self._stop_token_ids)
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            return self._compiler
+
     def _compile(self, params: StructuredOutputsParams, started: list[float]) -> Any:
-        started.append(time.monotonic())
+        compiler = self._xgrammar_compiler()
+        started.append(time.monotonic())   # the deadline is the compile's own, not the tables'
         grammar = parse(params)
         try:
-            return self._compiler.compile_grammar(grammar)
+            return compiler.compile_grammar(grammar)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"{params.kind}: {_library_message(exc)}") from None
 
