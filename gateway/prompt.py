@@ -132,7 +132,10 @@ class PromptHasher:
     def _head_ids(self, head: list[dict], kwargs: dict, cached: bool = True) -> list[int]:
         if not cached:
             return self._encode_head(self.tokenizer, head, kwargs)
-        key = (json.dumps(head, sort_keys=True, default=str),
+        # The strings themselves, not a JSON dump of the messages: this runs on every request.
+        key = (tuple((m["role"], m["content"], m.get("name"), m.get("tool_call_id"),
+                      json.dumps(m["tool_calls"], sort_keys=True, default=str) if "tool_calls" in m else None)
+                     for m in head),
                json.dumps(kwargs, sort_keys=True, default=str) if kwargs else "")
         ids = self._heads.get(key)
         if ids is not None:
