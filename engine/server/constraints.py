@@ -7,13 +7,15 @@
     guided_json | guided_regex | guided_choice | guided_grammar          (vLLM's older names)
     tool_choice "required" | {"type": "function", ...}     -> json (tools.py)
 
-At most one of them may constrain a request. `check` parses the constraint
+At most one of them may constrain a request. `ConstraintCheck.check` parses the constraint
 (engine/structured/grammars.py parse: schema, regex, EBNF or Lark) so that
 everything malformed or unsupported is a 400 naming the field here, before the
-engine sees it; compiling it for the tokenizer happens in the engine.
+engine sees it (`ConstraintCheck`); compiling it for the tokenizer happens in the engine.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from pagedkube.engine.server.errors import APIError, bad_request
@@ -80,14 +82,33 @@ def request_constraint(req: CompletionRequest | ChatCompletionRequest) \
         raise bad_request(f"{field}: {exc}", field) from None
 
 
-def check(params: StructuredOutputsParams, field: str) -> None:
-    """Parse the constraint (tokenizer-free): a 400 naming `field` if it cannot be honoured."""
-    from pagedkube.engine.structured.grammars import parse
+class ConstraintCheck:
+    """Parses each constraint (tokenizer-free) before it reaches the engine: a 400 naming the
+    field if it cannot be honoured. Constraints that parsed are remembered (an LRU of their keys),
+    because clients repeat the same schema and parsing a form-sized one costs ~4 ms of the event
+    loop. Thread-safe: a huge request is prepared in a worker thread."""
 
-    try:
-        parse(params)
-    except ValueError as exc:
-        raise bad_request(f"{field}: {exc}", field) from None
+    def __init__(self, capacity: int = 1024):
+        self.capacity = capacity
+        self._accepted: OrderedDict[tuple, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, params: StructuredOutputsParams, field: str) -> None:
+        from pagedkube.engine.structured.grammars import parse
+
+        key = params.key
+        with self._lock:
+            if key in self._accepted:
+                self._accepted.move_to_end(key)
+                return
+        try:
+            parse(params)
+        except ValueError as exc:
+            raise bad_request(f"{field}: {exc}", field) from None
+        with self._lock:
+            self._accepted[key] = None
+            while len(self._accepted) > self.capacity:
+                self._accepted.popitem(last=False)
 
 
 def with_field(error: APIError, field: str | None) -> APIError:

@@ -161,18 +161,19 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Prepared:
     if min(len(ids) for ids in prompt_ids) == 0:
         raise bad_request("prompt must not be empty (it has 0 tokens)", "prompt")
     max_tokens = _max_tokens(state, longest, req.max_tokens, "max_tokens", "prompt")
-    constraint, field = _constraint(req)
+    constraint, field = _constraint(state, req)
     prepared = Prepared(prompt_ids, prompt_texts, _sampling_params(state, req, max_tokens, req.logprobs, constraint),
                         req.cache_salt, field)
     _check_request_size(state, prepared, "prompt")
     return prepared
 
 
-def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutputsParams | None, str | None]:
+def _constraint(state: ServerState, req: CompletionRequest | ChatCompletionRequest) \
+        -> tuple[StructuredOutputsParams | None, str | None]:
     """The request's output constraint, parsed (a 400 naming its field if it cannot be honoured)."""
     constraint, field = constraints.request_constraint(req)
     if constraint is not None and field is not None:
-        constraints.check(constraint, field)
+        state.constraint_check.check(constraint, field)
     return constraint, field
 
 
@@ -213,7 +214,7 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = 
     requested, field = req.requested_max_tokens
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    constraint, constraint_field = _constraint(req)
+    constraint, constraint_field = _constraint(state, req)
     # Tool-call markers ([TOOL_CALLS], <|python_tag|>) are special tokens the parser must see.
     keep_special = False if tool_output_parser(state, req) is not None and constraint is None else None
     prepared = Prepared([ids], [text], _sampling_params(state, req, max_tokens, logprobs, constraint, keep_special),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.constraints import ConstraintCheck
 from pagedkube.echo import echo
 from pagedkube.engine.server.engine_client import EngineClient, EngineInfo
 from pagedkube.engine.server.errors import APIError
@@ -44,6 +45,7 @@ class ServerState:
     exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
     stop_server: Callable[[], None] | None = None   # set by the HTTP server (draining.py): stops it
     tool_parser: ToolParser | None = None   # for tool_choice "auto" (tool_parsers.py), set with info
+    constraint_check: ConstraintCheck = field(default_factory=ConstraintCheck)   # parses each new constraint once
     _info: EngineInfo | None = field(default=None, repr=False)
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
     _warned_fields: set[str] = field(default_factory=set, repr=False)
