@@ -16,6 +16,7 @@ built for vLLM (which add their own fields) work unchanged (docs/design.md "Pitf
 """
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError, field_validator
@@ -311,7 +312,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     _check_tools = field_validator("tools")(lambda cls, v: _checked_tools(v))
 
-    @property
+    @functools.cached_property
     def tool_definitions(self) -> list[ToolDefinition] | None:
         return None if self.tools is None else [ToolDefinition.model_validate(t) for t in self.tools]
 
