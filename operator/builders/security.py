@@ -63,13 +63,18 @@ def build_gateway_keys_secret(svc: LLMServiceSpec, api_key: str) -> dict[str, An
     if not api_key:
         raise ValueError("the gateway key Secret needs a non-empty key")
     keys = json.dumps({"keys": [{"key": api_key, "name": GENERATED_KEY_NAME}]})
+    return _opaque_secret(svc, naming.gateway_keys_secret_name(svc.name), "gateway",
+                          {API_KEY_KEY: api_key, API_KEYS_FILE_KEY: keys})
+
+
+def _opaque_secret(svc: LLMServiceSpec, name: str, component: str, data: dict[str, str]) -> dict[str, Any]:
+    """A Secret owned by the LLMService, its values base64-encoded."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": naming.metadata(naming.gateway_keys_secret_name(svc.name), svc.namespace, svc.name, svc.uid,
-                                    "gateway"),
+        "metadata": naming.metadata(name, svc.namespace, svc.name, svc.uid, component),
         "type": "Opaque",
-        "data": {API_KEY_KEY: _b64(api_key), API_KEYS_FILE_KEY: _b64(keys)},
+        "data": {key: _b64(value) for key, value in data.items()},
     }
 
 
@@ -94,14 +99,8 @@ def hash_seed_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
 def build_engine_secret(svc: LLMServiceSpec, api_key: str, hash_seed: str) -> dict[str, Any]:
     if not api_key or not hash_seed:
         raise ValueError("the engine Secret needs a non-empty api key and hash seed")
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": naming.metadata(naming.engine_secret_name(svc.name), svc.namespace, svc.name, svc.uid,
-                                    "engine"),
-        "type": "Opaque",
-        "data": {API_KEY_KEY: _b64(api_key), HASH_SEED_KEY: _b64(hash_seed)},
-    }
+    return _opaque_secret(svc, naming.engine_secret_name(svc.name), "engine",
+                          {API_KEY_KEY: api_key, HASH_SEED_KEY: hash_seed})
 
 
 def secret_version(secret: Mapping[str, Any] | None) -> str:
