@@ -98,6 +98,12 @@ class EngineWatcher:
                  if isinstance(name := m.get("id"), str)}
         return names or None
 
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters the ready engines serve: /v1/models cards with a `parent` (the base)."""
+        ready = set(self.endpoints.routable())
+        return {m["id"] for url, models in self.models.items() if url in ready for m in models
+                if isinstance(m.get("id"), str) and isinstance(m.get("parent"), str)}
+
     # -- cache feed ---------------------------------------------------------------
     def _config_matches(self, config: dict) -> bool:
         mine = self.cache_config

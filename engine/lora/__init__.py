@@ -2,6 +2,7 @@
 model in one engine, their requests mixed in one step with the base model's.
 
     request.py        LoRARequest(lora_name, lora_int_id, lora_path): vLLM's shape (torch-free)
+    modules.py        --lora-modules values: name=path or vLLM's JSON form (torch-free)
     peft_format.py    read and check a PEFT adapter directory against the model
     punica.py         the per-slot delta: its layout, grouped matmuls (CPU), the per-token reference
     triton_punica.py  the same delta as Triton kernels (CUDA), Punica's BGMV style
