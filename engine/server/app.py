@@ -33,6 +33,7 @@ from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.sampling_defaults import sampling_defaults
 from pagedkube.engine.server.tool_parsers import resolve as resolve_tool_parser
 from pagedkube.http_limits import BodyLimits
 from pagedkube.openai_errors import DRAINING, ENGINE_UNHEALTHY, INVALID_API_KEY, NOT_READY, error_body
@@ -103,6 +104,11 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
         state.info = info
         state.tool_parser = resolve_tool_parser(config.tool_call_parser,
                                                 info.tokenizer.chat_template if info.tokenizer else None)
+        state.sampling_defaults = sampling_defaults(config.generation_config,
+                                                    info.tokenizer.files if info.tokenizer else None)
+        if state.sampling_defaults:
+            logger.info("sampling defaults from the generation config (--generation-config %s): %s",
+                        config.generation_config, state.sampling_defaults)
         logger.info("tool-call parser: %s (--tool-call-parser %s)",
                     state.tool_parser.name if state.tool_parser else "none", config.tool_call_parser)
         logger.info("engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
