@@ -26,7 +26,7 @@ from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAc
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.config import EngineConfig
-from pagedkube.engine.server.core_client import EngineCoreClient
+from pagedkube.engine.server.core_client import EngineBuildError, EngineCoreClient
 from pagedkube.engine.server.engine_core import EngineFactory
 from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
@@ -94,7 +94,12 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        info = await state.engine.start()
+        try:
+            info = await state.engine.start()
+        except EngineBuildError as exc:
+            if exc.user_error:
+                state.startup_error = exc.reason   # serve_cli prints it as one line and exits 2
+            raise
         state.model_name = config.served_model_name or info.model_name
         state.engine_id = info.kv_events.engine_id
         state.metrics = EngineMetrics(state.model_name, state.engine.stats)

@@ -125,10 +125,34 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(config)
     http = limited_http_protocol(config.head_limits, lambda status, message, code: error_body(status, message, code=code))
+    state = app.state.server
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5, access_log=False, loop=args.loop, http=http),
-                            app.state.server)
-    server.run()
+                            state)
+    quiet = _QuietStartupFailure(state)
+    if args.log_level != "debug":       # uvicorn logs the lifespan's traceback on uvicorn.error
+        logging.getLogger("uvicorn.error").addFilter(quiet)
+    try:
+        server.run()
+    except SystemExit:                  # uvicorn's exit when start-up failed
+        pass
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
+    if state.startup_error is not None:
+        print(f"pagedkube serve: error: {state.startup_error}", flush=True)
+        return 2
     if not server.started:
         return 1
-    return app.state.server.exit_code
+    return state.exit_code
+
+
+class _QuietStartupFailure(logging.Filter):
+    """Drops uvicorn's traceback and "startup failed" lines once the engine failed to build by
+    the user's mistake: that ends in one line of ours (`--log-level debug` keeps them)."""
+
+    def __init__(self, state: Any):
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.state.startup_error is None
