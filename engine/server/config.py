@@ -32,6 +32,7 @@ class ServerConfig:
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: off by default, as in vLLM (the
     # caller names a path on the server's disk)
     allow_runtime_lora_updating: bool = False
+    generation_config: str = "auto"       # request sampling defaults: auto | vllm | FOLDER (sampling_defaults.py)
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -56,5 +57,7 @@ class ServerConfig:
         names = [m.name for m in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError(f"--lora-modules names an adapter twice: {names}")
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder")
         if self.drain_timeout < 0:
             raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")
