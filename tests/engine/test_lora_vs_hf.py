@@ -5,20 +5,18 @@ a pet-care corpus; different ranks, target sets, rsLoRA, rank/alpha patterns) an
 base model answer the same prompts in ONE engine batch, under a token budget that chunks
 every prefill and, in another scenario, a pool small enough to preempt. With max_loras=2
 and three adapters the scheduler must pass adapters over and the slots must be reused.
-The reference is PeftModel.from_pretrained + generate, one prompt at a time.
+The reference is PeftModel.from_pretrained + generate, one prompt at a time (lora_adapters.hf_expected).
 """
 from __future__ import annotations
 
 import pytest
-import torch
 
 from invariants import assert_pool_invariants
-from lora_adapters import CORPUS, load_base, trained_adapters
+from lora_adapters import (CORPUS, MAX_NEW, PROMPT_TEXTS, hf_expected, load_tokenizer, mixed_batch, requests_of,
+                           trained_adapters)
 from pagedkube.builtin import builtin_model_dir
-from pagedkube.engine import LLM, LoRARequest, SamplingParams
+from pagedkube.engine import LLM, SamplingParams
 
-MAX_NEW = 8
-PROMPT_TEXTS = ["My dog limps after a walk.", "The cat will not eat", "Is chocolate safe for a puppy?"]
 SCENARIOS = {
     "chunked-prefill": dict(num_kv_blocks=128, max_num_batched_tokens=7),
     "preemption": dict(num_kv_blocks=14, max_num_batched_tokens=64),
@@ -26,51 +24,13 @@ SCENARIOS = {
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
 
 
-def hf_expected(kind: str, base, adapters: dict, prompts: list[list[int]]) -> dict:
-    """{(adapter name or None, prompt): greedy continuation} from transformers + peft."""
-    from peft import PeftModel
-
-    _, model = load_base(kind, base)
-    names = list(adapters)
-    peft_model = PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
-    for name in names[1:]:
-        peft_model.load_adapter(adapters[name], adapter_name=name)
-    peft_model.eval()
-    expected = {}
-
-    def run(key):
-        for prompt in prompts:
-            out = peft_model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)
-            expected[(key, tuple(prompt))] = out[0, len(prompt):].tolist()
-
-    with torch.inference_mode():
-        for name in names:
-            peft_model.set_adapter(name)
-            run(name)
-        with peft_model.disable_adapter():
-            run(None)
-    return expected
-
-
 @pytest.fixture(scope="module")
 def tiny_case():
     base = builtin_model_dir()
     adapters = trained_adapters("tiny", base)
-    tok, _ = load_base("tiny", base)
+    tok = load_tokenizer(base)
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in PROMPT_TEXTS]
     return base, adapters, prompts, hf_expected("tiny", base, adapters, prompts)
-
-
-def requests_of(adapters: dict) -> dict:
-    return {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
-
-
-def mixed_batch(prompts, loras):
-    """Every prompt under the base model and under each adapter, interleaved."""
-    keys = [None, *loras]
-    items = [(key, prompt) for prompt in prompts for key in keys]
-    return items, [p for _, p in items], [None if k is None else loras[k] for k, _ in items]
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

