@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from pagedkube.engine.lora.peft_format import TARGETS, LoRAWeights
+from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.models.decoder import DecoderForCausalLM
 from pagedkube.engine.lora.punica import SliceRank, SlotGroup, add_lora_grouped
 
 # fused projection -> the HF modules of its slices, in row order
@@ -39,25 +41,19 @@ class LoRALinear(nn.Module):
                  step: StepAdapters, device: torch.device, dtype: torch.dtype):
         super().__init__()
         self.base = base
+        in_features, out_features = base.in_features, base.out_features   # nn.Linear's, QuantLinear's
+        assert isinstance(in_features, int) and isinstance(out_features, int), type(base)
+        self.in_features, self.out_features = in_features, out_features
         self.modules_names = SLICES[fused]
         assert len(out_sizes) == len(self.modules_names), (fused, out_sizes)
         self.offsets = [sum(out_sizes[:i]) for i in range(len(out_sizes))]
         self.max_rank = max_rank
         self.step = step
-        in_features = base.in_features
         n = len(out_sizes)
-        self.lora_a = torch.zeros(max_loras, n * max_rank, in_features, device=device, dtype=dtype)
+        self.lora_a = torch.zeros(max_loras, n * max_rank, self.in_features, device=device, dtype=dtype)
         self.lora_b = [torch.zeros(max_loras, size, max_rank, device=device, dtype=dtype) for size in out_sizes]
         self.scales = torch.zeros(max_loras, n, device=device, dtype=torch.float32)
         self.slot_slices = [[SliceRank(0, 0.0)] * n for _ in range(max_loras)]
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
 
     def set_slot(self, slot: int, weights: list[LoRAWeights | None]) -> None:
         """Put one adapter's weights of this projection (one entry per slice) in `slot`."""
@@ -82,7 +78,7 @@ class LoRALinear(nn.Module):
         step = self.step
         if not step.groups:
             return y
-        if step.use_triton:
+        if step.use_triton and step.token_slots is not None:
             from pagedkube.engine.lora.triton_punica import add_lora_triton
 
             add_lora_triton(y, x, step.token_slots, self.lora_a, self.lora_b, self.scales, self.offsets,
@@ -93,17 +89,18 @@ class LoRALinear(nn.Module):
         return y
 
 
-def install_lora(model: nn.Module, max_loras: int, max_rank: int, device: torch.device,
+def install_lora(model: DecoderForCausalLM, max_loras: int, max_rank: int, device: torch.device,
                  dtype: torch.dtype) -> tuple[StepAdapters, dict[tuple[int, str], LoRALinear]]:
-    """Wrap every projection of `model` (a DecoderForCausalLM); returns the shared step state
-    and the wrappers by (layer, fused name)."""
-    cfg = model.config
+    """Wrap every projection of `model`; returns the shared step state and the wrappers by
+    (layer, fused name)."""
+    cfg: ModelConfig = model.config
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    sizes = {"qkv_proj": (q, kv, kv), "o_proj": (cfg.hidden_size,),
+    sizes: dict[str, tuple[int, ...]] = {"qkv_proj": (q, kv, kv), "o_proj": (cfg.hidden_size,),
              "gate_up_proj": (cfg.intermediate_size, cfg.intermediate_size), "down_proj": (cfg.hidden_size,)}
     step = StepAdapters()
     wrappers: dict[tuple[int, str], LoRALinear] = {}
-    for index, layer in enumerate(model.model.layers):
+    layers: nn.ModuleList = model.model.layers
+    for index, layer in enumerate(layers):
         for owner in (layer.self_attn, layer.mlp):
             for fused in SLICES:
                 base = getattr(owner, fused, None)

@@ -23,10 +23,11 @@ from pagedkube.engine.lora.peft_format import LoRAAdapter, load_adapter
 from pagedkube.engine.lora.punica import SlotGroup
 from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.models.decoder import DecoderForCausalLM
 
 
 class LoRAManager:
-    def __init__(self, model: torch.nn.Module, model_config: ModelConfig, *, max_loras: int, max_rank: int,
+    def __init__(self, model: DecoderForCausalLM, model_config: ModelConfig, *, max_loras: int, max_rank: int,
                  max_cpu_loras: int, device: torch.device, dtype: torch.dtype, use_triton: bool):
         self.model_config = model_config
         self.max_loras, self.max_rank, self.max_cpu_loras = max_loras, max_rank, max_cpu_loras

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from default_model import require_default_model
-from lora_adapters import MAX_NEW, PROMPT_TEXTS, hf_expected, load_tokenizer, mixed_batch, requests_of, trained_adapters
+from lora_adapters import (MAX_NEW, PROMPT_TEXTS, hf_expected, load_tokenizer, mixed_batch, requests_of,
+                           trained_adapters)
 from pagedkube.engine import LLM, SamplingParams
 from pagedkube.model_source import DEFAULT_MODEL, resolve_model_source
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from invariants import assert_pool_invariants
-from lora_adapters import (CORPUS, MAX_NEW, PROMPT_TEXTS, hf_expected, load_tokenizer, mixed_batch, requests_of,
-                           trained_adapters)
+from lora_adapters import (CORPUS, MAX_NEW, PROMPT_TEXTS, hf_expected, load_tokenizer, mixed_batch,
+                           requests_of, trained_adapters)
 from pagedkube.builtin import builtin_model_dir
 from pagedkube.engine import LLM, SamplingParams
 
