@@ -16,7 +16,7 @@ projection's output y (whatever kernel made it: dense or packed int8/int4), is
 as Punica's SGMV/BGMV kernels compute it (vLLM's lora/ops). On CPU the tokens of each
 adapter are gathered into one group and run as two dense matmuls cut to the adapter's
 own rank (`add_lora_grouped`): with a handful of adapters in a step that is a handful of
-small GEMMs and no padding work. `lora_delta_reference` is the per-token definition the
+small GEMMs. `lora_delta_reference` is the per-token definition the
 Triton kernels (triton_punica.py) are tested against.
 """
 from __future__ import annotations
@@ -43,17 +43,21 @@ class SliceRank:
 def add_lora_grouped(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: list[torch.Tensor],
                      offsets: list[int], max_rank: int, slot_slices: list[list[SliceRank]],
                      groups: list[SlotGroup]) -> None:
-    """y += each group's delta, in place. slot_slices[s][i]: slot s's rank and scale on slice i."""
+    """y += each group's delta, in place. slot_slices[s][i]: slot s's rank and scale on slice i.
+    One shrink matmul per group covers every slice (up to the last adapted one); each expand
+    is cut to the slice's own rank."""
     for group in groups:
         slices = slot_slices[group.slot]
+        last = max((i for i, sr in enumerate(slices) if sr.rank), default=-1)
+        if last < 0:
+            continue
         xs = x if group.rows is None else x.index_select(0, group.rows)
-        a = lora_a[group.slot]
+        v = xs @ lora_a[group.slot, :last * max_rank + slices[last].rank].T
         for i, sr in enumerate(slices):
             if sr.rank == 0:
                 continue
             lo = i * max_rank
-            v = xs @ a[lo:lo + sr.rank].T
-            delta = (v @ lora_b[i][group.slot][:, :sr.rank].T) * sr.scale
+            delta = (v[:, lo:lo + sr.rank] @ lora_b[i][group.slot][:, :sr.rank].T) * sr.scale
             out = y[:, offsets[i]:offsets[i] + delta.shape[1]]
             if group.rows is None:
                 out += delta
