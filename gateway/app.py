@@ -187,6 +187,8 @@ class Gateway:
             routable = await self.hold.routable()
             if not routable:
                 raise no_endpoint()
+            if lora is not None:   # only engines that serve the adapter can answer it; then prefix/load as usual
+                routable = self.watcher.serving(lora, routable) or routable
         except GatewayError as e:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))

@@ -104,6 +104,10 @@ class EngineWatcher:
         return {m["id"] for url, models in self.models.items() if url in ready for m in models
                 if isinstance(m.get("id"), str) and isinstance(m.get("parent"), str)}
 
+    def serving(self, model: str, urls: list[str]) -> list[str]:
+        """Those of `urls` whose /v1/models lists `model` (an adapter lives on some engines only)."""
+        return [url for url in urls if any(m.get("id") == model for m in self.models.get(url, ()))]
+
     # -- cache feed ---------------------------------------------------------------
     def _config_matches(self, config: dict) -> bool:
         mine = self.cache_config
