@@ -30,6 +30,9 @@ router = APIRouter()
 @dataclass
 class LoRARegistry:
     adapters: dict[str, LoRARequest] = field(default_factory=dict)   # name -> request, in load order
+    # every name's path since start: an adapter's blocks are cached under its name (pagedkube/hashing.py),
+    # so a name never comes back with other weights while blocks of the old ones may be in the pool
+    paths: dict[str, str] = field(default_factory=dict)
     _num_loaded: int = 0      # lora_int_id source: never reused, so a reloaded name gets fresh slots
 
     def get(self, name: str | None) -> LoRARequest | None:
@@ -49,11 +52,16 @@ async def load_adapter(state, module: LoRAModule) -> LoRARequest:
     registry: LoRARegistry = state.loras
     if module.name in registry.adapters or module.name == state.model_name:
         raise APIError(400, f"The lora adapter '{echo(module.name)}' has already been loaded.", param="lora_name")
+    if registry.paths.get(module.name, module.path) != module.path:
+        raise APIError(400, f"The lora adapter name '{echo(module.name)}' was served from "
+                       f"{echo(registry.paths[module.name])} before: the prefix cache may hold that adapter's "
+                       "blocks under the name, so other weights need a new name.", param="lora_name")
     lora = registry.new_request(module)
     await state.engine.load_lora(lora)
     if module.name in registry.adapters:      # a concurrent load of the same name won
         raise APIError(400, f"The lora adapter '{echo(module.name)}' has already been loaded.", param="lora_name")
     registry.adapters[module.name] = lora
+    registry.paths[module.name] = module.path
     return lora
 
 

@@ -190,6 +190,10 @@ def test_load_and_unload_answer_as_vllm(lora_server, adapters):
     r = load(lora_server, "diet-once", adapters["diet"])
     assert (r.status_code, r.text) == (200, "Success: LoRA adapter 'diet-once' added successfully.")
     assert unload(lora_server, "diet-once").text == "Success: LoRA adapter 'diet-once' removed successfully."
+    r = load(lora_server, "diet-once", adapters["cats"])     # the name's cached blocks are diet's
+    assert r.status_code == 400 and "need a new name" in r.json()["error"]["message"]
+    assert load(lora_server, "diet-once", adapters["diet"]).status_code == 200   # the same weights again
+    assert unload(lora_server, "diet-once").status_code == 200
 
 
 def test_runtime_endpoints_are_off_by_default(server):
