@@ -34,7 +34,8 @@ from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
-from pagedkube.engine.distributed.sharding import ShardPlan, check_tensor_parallel
+from pagedkube.engine.distributed.checks import check_tensor_parallel
+from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.loader import load_model, resolve_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
@@ -262,6 +263,10 @@ class ModelRunner:
             hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
             if step.sample_items:
                 self.model.lm_head(hidden[step.sample_token_index])
+
+    def check_workers(self) -> None:
+        if isinstance(self.tp, TPWorkers):
+            self.tp.check_alive()
 
     def shutdown(self) -> None:
         """Stops a tensor-parallel engine's workers (rank 0); a no-op otherwise."""

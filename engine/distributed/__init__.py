@@ -9,7 +9,8 @@ docs/engine.md "Tensor parallelism" is the user's account.
 
     errors.py     WorkerFailed: a rank died or hung, fatal to the engine (torch-free)
     group.py      TPGroup: all-reduce, gather to rank 0 and the step broadcast, with byte counts
-    sharding.py   which rows or columns of each checkpoint tensor a rank holds; start-up checks
+    checks.py     start-up checks: heads, KV heads and MLP divisible by N (torch-free)
+    sharding.py   which rows or columns of each checkpoint tensor a rank holds
     layers.py     RowParallel, VocabParallelEmbedding, ParallelLMHead, swapped in after loading
     executor.py   rank 0's side: starts the workers, agrees the KV pool size, broadcasts steps
     worker.py     a worker process: loads its shard, then runs the broadcast steps

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 
 import torch
 
+from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
 from pagedkube.engine.quant.quantize import quantize
@@ -45,24 +45,6 @@ COLUMN_PARALLEL = {"self_attn.q_proj": "q", "self_attn.k_proj": "kv", "self_attn
 ROW_PARALLEL = {"self_attn.o_proj": "q", "mlp.down_proj": "intermediate"}
 VOCAB_PARALLEL = ("model.embed_tokens.weight", "lm_head.weight")
 Weight = torch.Tensor | QuantizedWeight
-
-
-def compatible_sizes(cfg: ModelConfig, limit: int = 64) -> list[int]:
-    """Tensor-parallel sizes up to `limit` that split this model's heads, KV heads and MLP evenly."""
-    common = math.gcd(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size)
-    return [n for n in range(1, limit + 1) if common % n == 0]
-
-
-def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
-    """ValueError, before any process starts, when `tp` ranks cannot split this model."""
-    if tp == 1:
-        return
-    parts = {"attention heads": cfg.num_attention_heads, "KV heads": cfg.num_key_value_heads,
-             "intermediate size": cfg.intermediate_size}
-    bad = [f"{what} ({n})" for what, n in parts.items() if n % tp]
-    if bad:
-        raise ValueError(f"tensor_parallel_size {tp} must divide the model's {' and '.join(bad)}; "
-                         f"sizes that do: {compatible_sizes(cfg)}")
 
 
 def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:

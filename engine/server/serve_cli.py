@@ -71,7 +71,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
         decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
         structured_outputs_backend=args.structured_outputs_backend,
-        grammar_compile_timeout=args.grammar_compile_timeout)
+        grammar_compile_timeout=args.grammar_compile_timeout, tensor_parallel_size=args.tensor_parallel_size)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
@@ -80,6 +80,18 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
                         head_limits=head_limits_from_args(args), observability=observability_from_args(args),
                         tool_call_parser=args.tool_call_parser)
+
+
+def check_parallel_sizes(engine: EngineConfig) -> None:
+    """A --tensor-parallel-size that cannot split the model: ValueError before anything starts."""
+    if engine.tensor_parallel_size == 1:
+        return
+    from pagedkube.engine.distributed.checks import check_tensor_parallel
+    from pagedkube.engine.model_config import ModelConfig
+    from pagedkube.model_source import resolve_model_source
+
+    model_dir = resolve_model_source(engine.model).path
+    check_tensor_parallel(ModelConfig.from_pretrained(model_dir), engine.tensor_parallel_size)
 
 
 def port_unavailable(host: str, port: int) -> str | None:
@@ -102,6 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(args)
+        check_parallel_sizes(config.engine)
     except ValueError as exc:
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
