@@ -33,6 +33,7 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
+from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
 from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.distributed.sharding import ShardPlan
@@ -239,8 +240,16 @@ class ModelRunner:
         if not batch:
             return []
         step = self.prepare(batch)
-        if isinstance(self.tp, TPWorkers):
+        if not isinstance(self.tp, TPWorkers):
+            return self._execute(batch, step, structured)
+        try:
             self.tp.broadcast_step(step)
+            return self._execute(batch, step, structured)
+        except WorkerFailed as exc:        # a collective failed: say which worker, if one has exited
+            raise self.tp.explain(exc) from exc
+
+    def _execute(self, batch: list[ScheduledSeq], step: StepInputs, structured: StructuredOutputManager | None) \
+            -> list[SampleOutput | None]:
         outputs: list[SampleOutput | None] = [None] * len(batch)
         with torch.inference_mode():
             hidden = self.decode_capture.run(step) if self.decode_capture is not None else None

@@ -26,12 +26,15 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
+import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 STORE_HOST = "127.0.0.1"     # one node: the workers are this process's children
 POLL_S = 0.1                 # start-up: how often a silent worker's liveness is checked
 JOIN_TIMEOUT_S = 10.0
+EXIT_GRACE_S = 2.0           # a failed collective: how long to wait to see which worker exited
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,22 @@ def move_tensors(obj: Any, device: torch.device | str) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+@contextmanager
+def _children_allowed() -> Iterator[None]:
+    """The server's engine core is a daemon process (it must not outlive the HTTP process), and
+    multiprocessing refuses children to a daemon, because a daemon is killed without running its
+    exit handlers and would orphan them. Ours cannot be orphaned: each worker dies with its
+    parent (PR_SET_PDEATHSIG, worker.py) and with rank 0's sockets. So the flag is lifted while
+    the workers start."""
+    me = multiprocessing.current_process()
+    daemon = me._config.get("daemon", False)     # type: ignore[attr-defined]
+    me._config["daemon"] = False                 # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        me._config["daemon"] = daemon            # type: ignore[attr-defined]
+
+
 def _stop(procs: list[BaseProcess]) -> None:
     for proc in procs:
         if proc.is_alive():
@@ -111,14 +131,15 @@ class TPWorkers:
         ctx = multiprocessing.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
-        for rank in range(1, self.world_size):
-            conn, child = ctx.Pipe(duplex=True)
-            args = WorkerArgs(config, rank, self.store.port, num_threads, os.getpid(), logging.getLogger().level)
-            proc = ctx.Process(target=run_worker, args=(args, child), name=f"tp-rank-{rank}", daemon=True)
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(conn)
+        with _children_allowed():
+            for rank in range(1, self.world_size):
+                conn, child = ctx.Pipe(duplex=True)
+                args = WorkerArgs(config, rank, self.store.port, num_threads, os.getpid(), logging.getLogger().level)
+                proc = ctx.Process(target=run_worker, args=(args, child), name=f"tp-rank-{rank}", daemon=True)
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(conn)
         self.group: TPGroup | None = None
         self._finalizer = weakref.finalize(self, _stop, self.procs)
 
@@ -150,8 +171,22 @@ class TPWorkers:
 
     def check_alive(self) -> None:
         for rank, proc in enumerate(self.procs, start=1):
-            if proc.exitcode is not None:
-                raise WorkerFailed(f"tensor-parallel rank {rank} exited with code {proc.exitcode}")
+            code = proc.exitcode
+            if code is not None:
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                raise WorkerFailed(f"tensor-parallel rank {rank} {how}")
+
+    def explain(self, exc: WorkerFailed) -> WorkerFailed:
+        """The failure of a collective as the user needs it: which worker exited, and how (its
+        peers' sockets close as it dies, so its exit may take a moment to be seen)."""
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                self.check_alive()
+            except WorkerFailed as exited:
+                return exited
+            time.sleep(POLL_S / 10)
+        return exc
 
     def broadcast_step(self, step: Any) -> None:
         assert self.group is not None, "broadcast_step before agree"

@@ -67,7 +67,8 @@ class TPGroup:
         try:
             work.wait()
         except RuntimeError as e:
-            raise WorkerFailed(f"tensor-parallel {what} failed on rank {self.rank}: {e}") from e
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise WorkerFailed(f"tensor-parallel {what} failed on rank {self.rank}: {detail}") from e
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
