@@ -5,7 +5,7 @@
 
 The model is random weights in Qwen2.5-0.5B's layer shape (hidden 896, 14 heads, 2 KV heads,
 MLP 4864; TP 2 is the largest size its KV heads allow, so TP 4/8 use --kv-heads 8 --heads 16),
---layers deep, with a 32,000-token vocabulary. For each TP size one engine is built; for each
+--layers deep, with a 32,000-token vocabulary (--hidden, --heads and --kv-heads change the shape). For each TP size one engine is built; for each
 batch size B it prefills B prompts of --prompt-tokens, then times --steps decode steps
 (engine.step_deltas, B tokens each) and reports the median. On rank 0 the group's counters
 (engine/distributed/group.py) give the wall time inside all-reduces (waiting for the slower
@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 
-def make_model(path: Path, layers: int, heads: int, kv_heads: int) -> Path:
+def make_model(path: Path, hidden: int, layers: int, heads: int, kv_heads: int) -> Path:
     import torch
     import transformers as tf
 
-    config = tf.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+    config = tf.Qwen2Config(hidden_size=hidden, intermediate_size=4864, num_hidden_layers=layers,
                             num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=32000,
                             max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=0.02)
     torch.manual_seed(0)
@@ -83,6 +83,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--hidden", type=int, default=896)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=14)
     p.add_argument("--kv-heads", type=int, default=2)
@@ -99,10 +100,10 @@ def main() -> None:
 
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
                       "cpu": _cpu_model(), "threads": args.threads, "loadavg": Path("/proc/loadavg").read_text().split()[:3],
-                      "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads}))
+                      "hidden": args.hidden, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads}))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_model(Path(tmp) / "model", args.layers, args.heads, args.kv_heads)
+        model = make_model(Path(tmp) / "model", args.hidden, args.layers, args.heads, args.kv_heads)
         for tp in args.tp:
             torch.set_num_threads(args.threads)       # a TP engine shares them out between its ranks
             engine = LLMEngine(EngineConfig(model=str(model), device=args.device, dtype=args.dtype,
