@@ -30,6 +30,7 @@ never imports torch. Hence the lazy attributes below.
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)
     quant/               packed int8/int4 weights and their matmuls
+    distributed/         tensor parallelism: sharded layers, worker processes, collectives
     structured/          structured outputs: grammar bitmasks over the logits (xgrammar)
     gguf/                GGUF files: metadata, tensors, tokenizer
     server/              `pagedkube serve`: the OpenAI-compatible server

@@ -51,6 +51,9 @@ class TPGroup:
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout_s: float, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
         timeout = timedelta(seconds=timeout_s)
+        # Any: torch's stubs declare neither group's allreduce/gather/broadcast, which both have
+        self.cpu: Any
+        self.dev: Any
         try:
             self.cpu = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, world_size, timeout)
             if device.type == "cuda":

@@ -17,11 +17,14 @@ gather of [S, V/N] logits for the S sequences that sample.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pagedkube.engine.distributed.group import TPGroup
+from pagedkube.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 
 
 class RowParallel(nn.Module):
@@ -34,7 +37,7 @@ class RowParallel(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, weight: nn.Parameter, group: TPGroup):
+    def __init__(self, weight: torch.Tensor, group: TPGroup):
         super().__init__()
         self.weight, self.group = weight, group
         self.start = group.rank * weight.shape[0]
@@ -47,7 +50,7 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    def __init__(self, weight: nn.Parameter, group: TPGroup, vocab_size: int):
+    def __init__(self, weight: torch.Tensor, group: TPGroup, vocab_size: int):
         super().__init__()
         self.weight, self.group, self.vocab_size = weight, group, vocab_size
 
@@ -56,10 +59,11 @@ class ParallelLMHead(nn.Module):
         return None if shards is None else torch.cat(shards, dim=-1)[:, :self.vocab_size]
 
 
-def parallelize(model: nn.Module, group: TPGroup, vocab_size: int) -> None:
-    """Swap the communicating layers into a loaded local decoder (DecoderForCausalLM)."""
-    for layer in model.model.layers:
+def parallelize(model: DecoderForCausalLM, group: TPGroup, vocab_size: int) -> None:
+    """Swap the communicating layers into a loaded local decoder (each keeps the loaded weights;
+    the ignores: the decoder declares the plain layers these stand in for)."""
+    for layer in cast("list[DecoderLayer]", model.model.layers):
         layer.self_attn.o_proj = RowParallel(layer.self_attn.o_proj, group)
         layer.mlp.down_proj = RowParallel(layer.mlp.down_proj, group)
-    model.model.embed_tokens = VocabParallelEmbedding(model.model.embed_tokens.weight, group)
-    model.lm_head = ParallelLMHead(model.lm_head.weight, group, vocab_size)
+    model.model.embed_tokens = VocabParallelEmbedding(model.model.embed_tokens.weight, group)  # type: ignore[assignment]
+    model.lm_head = ParallelLMHead(model.lm_head.weight, group, vocab_size)   # type: ignore[assignment]
