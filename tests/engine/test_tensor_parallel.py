@@ -12,6 +12,9 @@ from the first round). The claim is that nothing but the arithmetic moves betwee
 - logprobs (of the sampled token and the top 5) within LOGPROB_ATOL of TP=1's in float32: the
   row-parallel all-reduce sums partial products in another order than one matmul does.
 
+Structured outputs (a JSON schema, a choice) and seeded sampling with n=2 give TP=1's text too:
+sampling and the grammar bitmask run on rank 0 only, on logits gathered from every rank.
+
 Models: the built-in tiny (4 heads, 2 KV heads: TP=2), the built-in tiny rewritten with its 2 KV
 heads repeated to 4 (the same function, so TP=4 is compared with the built-in at TP=1), and
 SmolLM2-135M (9 heads, 3 KV heads: TP=3 is its only size besides 1).
@@ -150,6 +153,29 @@ def test_tp3_smollm2_matches_tp1():
     assert compatible_sizes(ModelConfig.from_pretrained(model)) == [1, 3]
     flags = dict(quantization="none")
     assert_same(run(model, 3, **flags), run(model, 1, **flags))
+
+
+def test_structured_outputs_under_tp2_match_tp1():
+    """The grammar bitmask is applied on rank 0, to the logits gathered from both ranks."""
+    from pagedkube.engine import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"dog": {"type": "string", "maxLength": 8},
+                                               "walks": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["dog", "walks"]}
+    params = [SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema)),
+              SamplingParams(temperature=0.0, max_tokens=8,
+                             structured_outputs=StructuredOutputsParams(choice=["sit", "stay", "come here"])),
+              SamplingParams(temperature=0.8, seed=7, max_tokens=12, n=2)]
+    answers = {}
+    for tp in (1, 2):
+        llm = LLM(str(BUILTIN), tensor_parallel_size=tp, **FLAGS)
+        try:
+            outs = llm.generate(["Describe the dog as JSON:", "Command:", "Walk the dog"], params, use_tqdm=False)
+        finally:
+            llm.engine.shutdown()
+        answers[tp] = [[c.text for c in o.outputs] for o in outs]
+    assert answers[2] == answers[1]
+    assert set(json.loads(answers[1][0][0])) == {"dog", "walks"} and answers[1][1][0] in ("sit", "stay", "come here")
 
 
 def test_sizes_that_cannot_split_the_model_fail_before_anything_starts():
