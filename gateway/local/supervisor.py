@@ -85,8 +85,7 @@ class Supervisor:
     async def _progress(self) -> None:
         while True:
             await asyncio.sleep(5.0)
-            if self.console.loading():
-                self.console.print_status()
+            self.console.tick()
 
     async def run(self) -> int:
         from pagedkube.gateway.app import create_app
