@@ -185,6 +185,8 @@ def test_sizes_that_cannot_split_the_model_fail_before_anything_starts():
         check_tensor_parallel(cfg, 4)
     with pytest.raises(ValueError, match="must divide the model's attention heads"):
         LLM(str(BUILTIN), device="cpu", tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="decode_capture 'on' is not supported with tensor_parallel_size > 1"):
+        LLM(str(BUILTIN), device="cpu", tensor_parallel_size=2, decode_capture="on")
 
 
 def test_packed_weights_cut_along_their_groups():
