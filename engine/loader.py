@@ -262,8 +262,8 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
         for file in checkpoint_files(cfg.model_dir):
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    if not name.endswith(IGNORED_SUFFIXES):
-                        sink.put(name, f.get_tensor(name), file.name)
+                    if not name.endswith(IGNORED_SUFFIXES):   # a rank reads only its part (ShardPlan.tensor)
+                        sink.put(name, f.get_slice(name) if shard is not None else f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
     if projections is not None:
         log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else

@@ -16,7 +16,8 @@ size I and vocabulary V holds:
 
 The loader builds each rank's decoder from `local_config` (the same decoder, smaller), and
 `ShardPlan.tensor` cuts every checkpoint tensor on its way in (engine/loader.py), so no rank
-ever holds the whole model's projections at once.
+ever holds the whole model's projections at once; from safetensors a rank reads only its rows
+or columns (a slice of the file), except where a weight is quantized at load, which needs it whole.
 
 Packed weights (engine/quant/formats.py) are cut along their own layout: rows are output
 channels (exact in every format); a column range must start and end on a group boundary
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,8 +57,14 @@ def local_config(cfg: ModelConfig, tp: int) -> ModelConfig:
                                vocab_size=-(-cfg.vocab_size // tp))
 
 
-def slice_rows(w: Weight, start: int, stop: int) -> Weight:
-    if isinstance(w, torch.Tensor):
+def _whole(value: Any) -> Weight:
+    """A tensor from a safetensors slice (read now, whole), anything else as it is."""
+    return value if isinstance(value, (torch.Tensor, Int8Weight, Int4Weight)) else value[:]
+
+
+def slice_rows(w: Any, start: int, stop: int) -> Weight:
+    """Output rows [start, stop) of a tensor, a packed weight or a safetensors slice (read: those rows only)."""
+    if not isinstance(w, (Int8Weight, Int4Weight)):
         return w[start:stop]
     if isinstance(w, Int8Weight):
         return Int8Weight(w.qweight[start:stop].contiguous(), w.scales[start:stop].contiguous(), w.group_size)
@@ -64,9 +72,9 @@ def slice_rows(w: Weight, start: int, stop: int) -> Weight:
                       w.mins[start:stop].contiguous(), w.group_size)
 
 
-def slice_columns(w: Weight, start: int, stop: int) -> Weight:
+def slice_columns(w: Any, start: int, stop: int) -> Weight:
     """Input columns [start, stop) of w; a packed weight keeps its groups when the range is aligned."""
-    if isinstance(w, torch.Tensor):
+    if not isinstance(w, (Int8Weight, Int4Weight)):
         return w[:, start:stop]
     g = w.group_size
     if g == w.shape[1] and isinstance(w, Int8Weight):      # one scale per output channel
@@ -102,29 +110,36 @@ class ShardPlan:
                 "intermediate": cfg.intermediate_size}[kind] // self.world_size
         return self.rank * size, (self.rank + 1) * size
 
-    def tensor(self, name: str, value: Weight, stored: str) -> tuple[Weight, str]:
-        """This rank's part of the checkpoint tensor `name` (Hugging Face naming), and its stored type."""
+    def tensor(self, name: str, value: Any, stored: str) -> tuple[Weight, str]:
+        """This rank's part of the checkpoint tensor `name` (Hugging Face naming), and its stored type.
+        value: a tensor, a packed weight, or a safetensors slice (safe_open's get_slice), of which
+        only this rank's rows or columns are read."""
         if name in VOCAB_PARALLEL:
             return self._vocab_rows(value), stored
         module, _, kind = name.rpartition(".")
         suffix = next((s for s in (*COLUMN_PARALLEL, *ROW_PARALLEL) if module.endswith("." + s)), None)
         if suffix is None:
-            return value, stored                                  # norms: whole on every rank
-        if kind == "weight" and self.quantize_method is not None and isinstance(value, torch.Tensor):
-            value, stored = quantize(value, self.quantize_method), self.quantize_method
+            return _whole(value), stored                          # norms: whole on every rank
+        if kind == "weight" and self.quantize_method is not None and not isinstance(value, (Int8Weight, Int4Weight)):
+            whole = _whole(value)
+            assert isinstance(whole, torch.Tensor)
+            value, stored = quantize(whole, self.quantize_method), self.quantize_method
         if suffix in COLUMN_PARALLEL:
             start, stop = self._span(COLUMN_PARALLEL[suffix])
             return slice_rows(value, start, stop), stored
         if kind == "bias":                                        # row-parallel: added once, by rank 0
-            assert isinstance(value, torch.Tensor)
-            return (value if self.rank == 0 else torch.zeros_like(value)), stored
+            bias = _whole(value)
+            assert isinstance(bias, torch.Tensor)
+            return (bias if self.rank == 0 else torch.zeros_like(bias)), stored
         start, stop = self._span(ROW_PARALLEL[suffix])
         return slice_columns(value, start, stop), stored
 
-    def _vocab_rows(self, value: Weight) -> torch.Tensor:
-        dense = value if isinstance(value, torch.Tensor) else dequantize(value)
+    def _vocab_rows(self, value: Any) -> torch.Tensor:
         rows = self.local.vocab_size
-        part = dense[self.rank * rows:(self.rank + 1) * rows]
+        start, stop = self.rank * rows, min((self.rank + 1) * rows, self.config.vocab_size)
+        part = slice_rows(value, start, stop)
+        if not isinstance(part, torch.Tensor):
+            part = dequantize(part)
         if part.shape[0] < rows:
             part = torch.cat([part, part.new_zeros(rows - part.shape[0], *part.shape[1:])])
         return part

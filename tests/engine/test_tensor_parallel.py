@@ -84,7 +84,8 @@ def assert_same(got: dict, want: dict) -> None:
         for got_sample, want_sample in zip(got_req, want_req):
             for g, w in zip(got_sample, want_sample):
                 assert g.keys() == w.keys()
-                assert max(abs(g[t] - w[t]) for t in w) <= LOGPROB_ATOL
+                assert max(abs(g[t].logprob - w[t].logprob) for t in w) <= LOGPROB_ATOL
+                assert [g[t].rank for t in w] == [w[t].rank for t in w]
 
 
 @pytest.fixture(scope="module")
