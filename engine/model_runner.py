@@ -13,6 +13,11 @@ decoding 1 token at position 9, block_size 4:
     input_ids      [a5 a6 a7 | b9]           query_start_loc [0, 3, 4]
     positions      [ 5  6  7 |  9]           seq_lens        [8, 10]
     slot_mapping   [bt_A[1]*4+1, bt_A[1]*4+2, bt_A[1]*4+3 | bt_B[2]*4+1]
+
+Under tensor parallelism (engine/distributed/) this runner is rank 0: it builds the step as
+above, broadcasts it to the workers, runs its own shard, and samples from the logits the
+workers' shards were gathered into. A worker runs another ModelRunner (`tp` given) whose
+execute_shard takes the broadcast step; it never prepares or samples.
 """
 from __future__ import annotations
 
@@ -33,9 +38,9 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
+from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
-from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.loader import load_model, resolve_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
