@@ -226,6 +226,7 @@ class ModelRunner:
         self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
                                 config.quantization, gguf=gguf, calibrate=calibrate, shard=shard)
         del gguf
+        self.lora = self._lora_manager() if config.enable_lora else None   # its slots before the KV pool's share
         cfg = shard.local if shard is not None else self.model_config   # this rank's heads and KV heads
         self.num_kv_blocks = self._num_kv_blocks(cfg)
         self.tp_group = None
@@ -244,6 +245,22 @@ class ModelRunner:
         if capture:
             self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
                                                 self.block_size, self.num_kv_blocks, self.max_model_len, self.device)
+
+    def _lora_manager(self):
+        """Adapter slots in every projection (engine/lora/): Triton kernels on CUDA, grouped matmuls elsewhere."""
+        from pagedkube.engine.lora.manager import LoRAManager
+
+        use_triton = False
+        if self.device.type == "cuda":
+            try:
+                import_module("pagedkube.engine.lora.triton_punica")
+                use_triton = True
+            except ImportError as e:
+                log.warning("triton LoRA kernels unavailable (%s); using grouped torch matmuls", e)
+        cfg = self.config
+        return LoRAManager(self.model, self.model_config, max_loras=cfg.max_loras, max_rank=cfg.max_lora_rank,
+                           max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras, device=self.device, dtype=self.dtype,
+                           use_triton=use_triton)
 
     def _num_kv_blocks(self, cfg: ModelConfig) -> int:
         if self.config.num_kv_blocks is not None:
@@ -285,6 +302,17 @@ class ModelRunner:
     def _execute(self, batch: list[ScheduledSeq], step: StepInputs, structured: StructuredOutputManager | None) \
             -> list[SampleOutput | None]:
         outputs: list[SampleOutput | None] = [None] * len(batch)
+        if self.lora is not None:
+            self.lora.prepare_step([item.seq.lora_request for item in batch], [item.num_new_tokens for item in batch])
+        try:
+            self._run(batch, step, structured, outputs)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+        return outputs
+
+    def _run(self, batch: list[ScheduledSeq], step: StepInputs, structured: StructuredOutputManager | None,
+             outputs: list[SampleOutput | None]) -> None:
         with torch.inference_mode():
             hidden = self.decode_capture.run(step) if self.decode_capture is not None else None
             if hidden is None:                   # not captured, or a step no bucket takes: eager
@@ -296,7 +324,6 @@ class ModelRunner:
                 samples = self.sampler(logits, seqs, mask)
                 for i, sample in zip(step.sample_items, samples):
                     outputs[i] = sample
-        return outputs
 
     def execute_shard(self, step: StepInputs) -> None:
         """A tensor-parallel worker's part of a step rank 0 broadcast: the forward pass on this

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.parent_death import die_with_parent
 from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
-                                                   CoreReady, EngineFacts, KVEvent, RequestError, Shutdown,
-                                                   StepMessage)
+                                                   CoreReady, EngineFacts, KVEvent, LoadLoRA, LoRAResult,
+                                                   RequestError, Shutdown, StepMessage, UnloadLoRA)
 
 if TYPE_CHECKING:
     from pagedkube.engine.llm_engine import LLMEngine
@@ -120,13 +120,14 @@ class EngineCore:
         self.conn.send(msg)           # blocks while the HTTP process is behind: back-pressure
         self.last_sent = time.monotonic()
 
-    def _apply(self, op: AddRequests | AbortRequests) -> None:
+    def _apply(self, op: AddRequests | AbortRequests | LoadLoRA | UnloadLoRA) -> None:
         if isinstance(op, AddRequests):
             for req in op.requests:
                 self.msg.num_adds += req.params.n
                 try:
                     self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
-                                            cache_salt=req.cache_salt, group=req.group)
+                                            cache_salt=req.cache_salt, group=req.group,
+                                            lora_request=req.lora_request)
                 except ValueError as exc:
                     self.msg.errors.append(RequestError(req.request_id, 400, str(exc)))
                 except Exception as exc:
@@ -140,8 +141,23 @@ class EngineCore:
                     self.live.discard(request_id)
                     self.aborted = True
                     self._abort(request_id)
+        elif isinstance(op, LoadLoRA):
+            self.msg.lora_results.append(self._load_lora(op))
+        elif isinstance(op, UnloadLoRA):
+            self.engine.remove_lora(op.lora_int_id)
         else:
             raise TypeError(f"unknown engine-core operation {op!r}")
+
+    def _load_lora(self, op: LoadLoRA) -> LoRAResult:
+        """Reads and checks the adapter between two steps; a bad one is the caller's 400/404."""
+        try:
+            self.engine.add_lora(op.lora_request)
+        except ValueError as exc:
+            return LoRAResult(op.op_id, 404 if getattr(exc, "not_found", False) else 400, str(exc))
+        except Exception as exc:
+            logger.exception("loading adapter %s failed", op.lora_request.lora_name)
+            return LoRAResult(op.op_id, 500, f"{type(exc).__name__}: {exc}")
+        return LoRAResult(op.op_id, 200)
 
     def _abort(self, request_id: str) -> None:
         try:
