@@ -30,6 +30,7 @@ never imports torch. Hence the lazy attributes below.
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)
     quant/               packed int8/int4 weights and their matmuls
+    distributed/         tensor parallelism: sharded layers, worker processes, collectives
     lora/                LoRA adapters: PEFT files, per-slot deltas batched in one step
     structured/          structured outputs: grammar bitmasks over the logits (xgrammar)
     gguf/                GGUF files: metadata, tensors, tokenizer
@@ -43,14 +44,15 @@ from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
+           "Logprob"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
         from pagedkube.engine.llm import LLM
         return LLM
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name in ("RequestOutput", "CompletionOutput", "Logprob"):
         from pagedkube.engine import outputs
         return getattr(outputs, name)
     raise AttributeError(f"module 'pagedkube.engine' has no attribute {name!r}")

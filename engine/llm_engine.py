@@ -267,6 +267,14 @@ class LLMEngine:
                 del self._requests[request_id]
         return list(touched.values())
 
+    def check_workers(self) -> None:
+        """WorkerFailed if a tensor-parallel worker has exited (a no-op at TP=1)."""
+        self.runner.check_workers()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers, if any; the engine cannot step after it."""
+        self.runner.shutdown()
+
     def stats(self) -> EngineStats:
         kv = self.kv_manager
         lora: dict = {}

@@ -19,8 +19,9 @@ import logging
 import signal
 import time
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
+from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.parent_death import die_with_parent
 from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
                                                    CoreReady, EngineFacts, KVEvent, LoadLoRA, LoRAResult,
@@ -69,6 +70,7 @@ class EngineCore:
                     if isinstance(op, Shutdown):
                         self._fail_all(503, "the engine is shutting down")
                         self._send()
+                        engine.shutdown()
                         return
                     self._apply(op)
                     if not conn.poll(0):
@@ -76,11 +78,17 @@ class EngineCore:
             if engine.has_unfinished_requests():
                 self._step()
             if not self.msg.empty or self.aborted or time.monotonic() - self.last_sent >= HEARTBEAT_INTERVAL_S:
+                try:
+                    self.engine.check_workers()   # a worker that died while the engine was idle
+                except WorkerFailed as exc:
+                    self._die(exc)
                 self._send()
 
     def _step(self) -> None:
         try:
             deltas = self.engine.step_deltas()
+        except WorkerFailed as exc:   # a tensor-parallel rank is gone: no step can run any more
+            self._die(exc)
         except Exception as exc:  # one bad step must not kill the server
             self.failures += 1
             logger.exception("engine step failed (%d in a row)", self.failures)
@@ -94,6 +102,15 @@ class EngineCore:
                 self.msg.deltas.append(delta)
             if delta.finished:
                 self.live.discard(delta.request_id)
+
+    def _die(self, exc: WorkerFailed) -> NoReturn:
+        """Fails every request in flight, tells the HTTP process, and ends the core with `exc`:
+        the process exits non-zero and the server after it (engine/distributed/errors.py)."""
+        logger.error("the engine cannot step any more: %s", exc)
+        self.failures = MAX_CONSECUTIVE_STEP_FAILURES
+        self._fail_all(500, f"the engine failed: {exc}")
+        self._send()
+        raise exc
 
     def _send(self) -> None:
         msg, self.msg = self.msg, StepMessage()

@@ -110,6 +110,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
                        help="weights: auto = a GGUF file's types as stored, a float model as float; none = all "
                             "dense; int8 / int4 = quantize the projections at load (default auto)"),
         *add_decode_capture_args(g, passthrough=passthrough),
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=default(_engine("tensor_parallel_size")),
+                       help="ranks of one engine, each holding 1/N of every layer (gloo on CPU, NCCL on CUDA); "
+                            "N must divide the model's attention heads, KV heads and MLP size "
+                            f"(default {_engine('tensor_parallel_size')})"),
         g.add_argument("--block-size", type=int, default=default(_engine("block_size"))),
     ]
     kv = g.add_mutually_exclusive_group()
