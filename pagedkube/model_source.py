@@ -6,6 +6,8 @@
     builtin://NAME                also a named model (so a manifest can say builtin://smollm2-135m-instruct)
     path/to/model.gguf            a GGUF file (Llama or Qwen2 architecture)
     path/to/dir                   a Hugging Face model directory (config.json, model.safetensors)
+    ORG/NAME, hf://ORG/NAME[@REV] a Hugging Face Hub repo, fetched into huggingface_hub's cache
+    ORG/NAME:QUANT, ORG/NAME/F.gguf  a GGUF file inside a Hub repo (pagedkube.hub_model)
 
 Torch-free: the gateway (`pagedkube up` names the model it serves) and the operator
 resolve model names too. A named model's package is located with importlib.util.find_spec,
@@ -18,8 +20,10 @@ import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from pagedkube.builtin import BUILTIN_MODELS, BUILTIN_SCHEME, builtin_model_dir
+from pagedkube.hub_model import parse_hub_model
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
@@ -41,7 +45,8 @@ NAMED_MODELS: dict[str, PackagedModel] = {
 
 
 # --model's help, for every command that takes one (serve, generate, up).
-MODEL_FLAG_HELP = (f"a Hugging Face model directory, a GGUF file, {DEFAULT_MODEL} or {BUILTIN_SCHEME}tiny "
+MODEL_FLAG_HELP = (f"a Hugging Face Hub repo (ORG/NAME[@REV]), a GGUF in one (ORG/NAME:Q4_K_M or "
+                   f"ORG/NAME/FILE.gguf), a model directory, a GGUF file, {DEFAULT_MODEL} or {BUILTIN_SCHEME}tiny "
                    f"(default: {DEFAULT_MODEL})")
 
 # A manifest's model source (LLMService spec.model.source), in one place: the operator parses
@@ -88,8 +93,11 @@ def packaged_model_path(name: str) -> Path:
                      f"(`make install` does), or pass --model builtin://tiny or a model path")
 
 
-def resolve_model_source(model: str | Path | None) -> ModelSource:
-    """Maps a --model value to a local directory or GGUF file; ValueError when there is none."""
+def resolve_model_source(model: str | Path | None,
+                         check_config: Callable[[dict[str, Any]], None] | None = None) -> ModelSource:
+    """Maps a --model value to a local directory or GGUF file; ValueError when there is none.
+    A Hub name is fetched into huggingface_hub's cache (pagedkube.hub_download), and
+    `check_config` sees its config.json before any weight is downloaded."""
     if model is None or model == "":
         model = DEFAULT_MODEL
     if not isinstance(model, (str, Path)):
@@ -103,6 +111,11 @@ def resolve_model_source(model: str | Path | None) -> ModelSource:
     if isinstance(model, str) and model in NAMED_MODELS:
         return ModelSource(packaged_model_path(model), model)
     path = Path(model).expanduser()
+    hub = parse_hub_model(model) if isinstance(model, str) and not path.exists() else None
+    if hub is not None:
+        from pagedkube.hub_download import fetch_hub_model
+
+        return ModelSource(fetch_hub_model(hub, check_config), hub.name)
     if path.is_file():
         with open(path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:
@@ -111,7 +124,16 @@ def resolve_model_source(model: str | Path | None) -> ModelSource:
         return ModelSource(path.absolute(), path.name.removesuffix(GGUF_SUFFIX))
     if not path.is_dir():
         raise ValueError(f"model {str(model)!r} is not a model name ({', '.join(sorted(NAMED_MODELS))}, "
-                         f"{BUILTIN_SCHEME}tiny), a GGUF file or a model directory")
+                         f"{BUILTIN_SCHEME}tiny), a Hub repo id (ORG/NAME), a GGUF file or a model directory")
     if not (path / "config.json").is_file():
         raise ValueError(f"{str(path)!r} is not a Hugging Face model directory: it has no config.json")
     return ModelSource(path.absolute(), path.absolute().name)
+
+
+def model_name(model: str | Path | None) -> str:
+    """The served name of a --model value, without fetching a Hub model (its repo id)."""
+    if isinstance(model, str) and not Path(model).expanduser().exists():
+        hub = parse_hub_model(model)
+        if hub is not None:
+            return hub.name
+    return resolve_model_source(model).name

@@ -98,8 +98,30 @@ def port_unavailable(host: str, port: int) -> str | None:
     return None
 
 
+def fetch_model(model: str | None) -> None:
+    """A Hub model is downloaded (or found in the cache) here, in the CLI's process, so that a
+    name that cannot be served ends with one line and exit code 2; the engine core then finds it
+    in the cache without a Hub request (pagedkube/hub_download.py)."""
+    from pathlib import Path
+
+    from pagedkube.hub_model import parse_hub_model
+
+    if model and not Path(model).expanduser().exists() and parse_hub_model(model) is not None:
+        from pagedkube.engine.model_config import check_hub_config
+        from pagedkube.model_source import resolve_model_source
+
+        source = resolve_model_source(model, check_hub_config)
+        if source.is_gguf:
+            from pagedkube.engine.gguf.config import gguf_config
+            from pagedkube.engine.gguf.reader import GGUFFile
+
+            gguf_config(GGUFFile(source.path))   # its architecture, before the engine starts
+
+
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":   # huggingface_hub's client logs every request at info
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         config = build_config(args)
     except ValueError as exc:
@@ -108,6 +130,11 @@ def run_serve(args: argparse.Namespace) -> int:
     busy = port_unavailable(config.host, config.port)
     if busy:   # before the model loads, not a minute later
         print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
+        return 2
+    try:
+        fetch_model(config.engine.model)
+    except ValueError as exc:
+        print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     import uvicorn
 

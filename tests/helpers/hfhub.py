@@ -1,14 +1,18 @@
-"""A Hugging Face Hub-compatible file server for one model folder, as a mirror
-would run it (a user behind one sets HF_ENDPOINT to its URL).
+"""A Hugging Face Hub-compatible file server for model folders, as a mirror would run it
+(a user behind one sets HF_ENDPOINT to its URL). The fast tier (tests/server/test_hub_models.py)
+and the node tier (e2e/node/test_hf_model.py) both serve repos with it; a plain module on
+sys.path (pyproject: pythonpath = ["tests/helpers"]), which the e2e runs share.
 
-It answers the calls `huggingface_hub.snapshot_download` makes:
+It answers the calls `huggingface_hub.snapshot_download` and `hf_hub_download` make:
 
     GET  /api/models/ORG/NAME[/revision/REV]          repo info: sha, siblings
     GET  /api/models/ORG/NAME/tree/REV[/PATH]          the file list (recursive)
     HEAD /ORG/NAME/resolve/REV/FILE                    X-Repo-Commit, ETag, size
     GET  /ORG/NAME/resolve/REV/FILE                    the bytes
 
-and records each request's method and path, so a test can see the download happen.
+and records each request's method and path, so a test can see the download happen (or not).
+As the Hub does, an unknown repo is a 404 with `X-Error-Code: RepoNotFound`, and a gated repo's
+files are a 401 with `X-Error-Code: GatedRepo` to a request without `Authorization: Bearer`.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterable
 from urllib.parse import unquote, urlsplit
 
 
@@ -35,10 +40,11 @@ class HubRepo:
     folder: Path
     files: dict[str, HubFile] = field(default_factory=dict)
     sha: str = ""
+    gated: bool = False
 
     @classmethod
-    def of(cls, repo_id: str, folder: Path) -> "HubRepo":
-        repo = cls(repo_id, folder)
+    def of(cls, repo_id: str, folder: Path, gated: bool = False) -> "HubRepo":
+        repo = cls(repo_id, folder, gated=gated)
         for f in sorted(p for p in folder.rglob("*") if p.is_file()):
             data = f.read_bytes()
             rel = f.relative_to(folder).as_posix()
@@ -49,10 +55,10 @@ class HubRepo:
 
 
 class HubServer:
-    """Serves `repo` on (host, port); start() returns once it listens; close() stops it."""
+    """Serves `repos` on (host, port); start() returns once it listens; close() stops it."""
 
-    def __init__(self, repo: HubRepo, host: str, port: int = 0):
-        self.repo = repo
+    def __init__(self, repos: HubRepo | Iterable[HubRepo], host: str = "127.0.0.1", port: int = 0):
+        self.repos = {r.repo_id: r for r in ([repos] if isinstance(repos, HubRepo) else repos)}
         self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, port), _handler(self))
@@ -79,10 +85,20 @@ class HubServer:
         with self._lock:
             return list(self.requests)
 
+    def clear(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def repo_of(self, path: str) -> HubRepo | None:
+        """The repo a request path names (/api/models/ORG/NAME... or /ORG/NAME/resolve/...)."""
+        api = path.startswith("/api/models/")
+        org, _, rest = path.removeprefix("/api/models/" if api else "/").partition("/")
+        name, _, rest = rest.partition("/")
+        repo = self.repos.get(f"{org}/{name}")
+        return repo if repo is not None and (api or rest.startswith("resolve/")) else None
+
 
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
-    repo = server.repo
-
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -98,6 +114,10 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             server.record(self.command, path)
+            repo = server.repo_of(path)
+            if repo is None:
+                return self._json({"error": "Repository not found"}, body, status=404,
+                                  headers={"X-Error-Code": "RepoNotFound"})
             api = f"/api/models/{repo.repo_id}"
             resolve = f"/{repo.repo_id}/resolve/"
             if path == api or path.startswith(api + "/revision/"):
@@ -106,6 +126,10 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             if path.startswith(api + "/tree/"):
                 return self._json([{"type": "file", "path": f.path, "size": f.size, "oid": f.git_oid}
                                    for f in repo.files.values()], body)
+            if path.startswith(resolve) and repo.gated and not self.headers.get("Authorization", "").startswith("Bearer "):
+                return self._json({"error": f"Access to model {repo.repo_id} is restricted."}, body, status=401,
+                                  headers={"X-Error-Code": "GatedRepo",
+                                           "X-Error-Message": f"Access to model {repo.repo_id} is restricted."})
             if path.startswith(resolve):
                 _rev, _, name = path[len(resolve):].partition("/")
                 f = repo.files.get(name)

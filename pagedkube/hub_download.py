@@ -1,0 +1,224 @@
+"""A Hub model's files, from huggingface_hub's cache or downloaded into it.
+
+huggingface_hub does the work and keeps its own contract: the cache is $HF_HUB_CACHE (default
+$HF_HOME/hub, $HF_HOME default ~/.cache/huggingface), HF_TOKEN authenticates, HF_ENDPOINT names a
+mirror, HF_HUB_OFFLINE=1 forbids the network; downloads resume from `.incomplete` blobs and each
+blob is written under its own file lock, so two engines fetching one model never write a file
+twice. What we add:
+
+- **The cache first.** A name whose files the cache holds in full for the revision it names
+  (`refs/<branch>` -> commit, that commit's cached tree listing, every file we read present)
+  is served without contacting the Hub at all, online or not, as Ollama serves a pulled model.
+  huggingface_hub's own default (and vLLM's) asks the Hub for the branch's head on every start;
+  a fleet restarting against a rate-limited or unreachable Hub is what we avoid. A newer commit
+  of a branch is fetched by naming it (`ORG/NAME@COMMIT`) or by `hf download ORG/NAME`, which
+  moves the cached ref.
+- **Only the files the engine reads** (pagedkube.hub_model.choose_files).
+- **Checks before the weights**: config.json's architecture (the caller's check_config), then free
+  disk for the bytes still missing.
+- **Errors a user can act on**, one line each (HubError, a ValueError): unknown repo, gated repo
+  without a token, no network, offline with a cold cache, disk full.
+- **Progress**: huggingface_hub's bars on a terminal; otherwise a log line every
+  PROGRESS_INTERVAL_S with the bytes so far, and one when done.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pagedkube.hub_model import HubFiles, HubModel, choose_files
+
+log = logging.getLogger("pagedkube.hub")
+
+PROGRESS_INTERVAL_S = 5.0   # a log line this often while a download runs off a terminal
+
+
+def log_progress_to_stderr() -> None:
+    """For commands that configure no logging (generate, up): this module's lines on stderr."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class HubError(ValueError):
+    """A Hub model that cannot be had, said in one line a user can act on."""
+
+
+def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """The local path of `model`: its GGUF file, or its snapshot folder (a Hugging Face directory)."""
+    from huggingface_hub import constants
+
+    cached = cached_hub_model(model)
+    if cached is not None:
+        log.info("%s: using the cached %s (no Hub request)", model.name, cached)
+        return cached
+    if constants.HF_HUB_OFFLINE:
+        raise HubError(f"{model.name} is not in the Hugging Face cache {constants.HF_HUB_CACHE} and HF_HUB_OFFLINE "
+                       f"is set: download it once online (unset HF_HUB_OFFLINE), or point HF_HOME at a cache "
+                       f"that holds it")
+    import httpx2
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    try:
+        return _download(model, check_config)
+    except HubError:
+        raise
+    except ValueError as e:
+        if not isinstance(e, HfHubHTTPError):   # choose_files' and check_config's own lines
+            raise HubError(f"{model.name}: {e}") from None
+        raise HubError(hub_error_message(model, e)) from None
+    except (OSError, httpx2.TransportError, EntryNotFoundError) as e:   # the Hub's, network's and disk's
+        raise HubError(hub_error_message(model, e)) from None
+
+
+def cached_hub_model(model: HubModel) -> Path | None:
+    """The model's path when the cache holds every file of it we read, else None (no network)."""
+    from huggingface_hub import get_cached_repo_tree, snapshot_download
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError, LocalEntryNotFoundError
+
+    try:
+        tree = get_cached_repo_tree(model.repo_id, revision=model.revision)
+        files = choose_files(model, [f.path for f in tree])
+        folder = snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(files.paths),
+                                   local_files_only=True)
+    except (CachedRepoTreeNotFoundError, LocalEntryNotFoundError, ValueError):
+        return None
+    return _local_path(Path(folder), files)
+
+
+def _local_path(folder: Path, files: HubFiles) -> Path:
+    return folder / files.gguf if files.gguf else folder
+
+
+def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None) -> Path:
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.hf_api import RepoFile
+
+    api = HfApi()
+    info = api.model_info(model.repo_id, revision=model.revision)
+    assert info.sha is not None, "the Hub answers a model's commit"
+    sizes = {f.path: f.size for f in api.list_repo_tree(model.repo_id, revision=info.sha, recursive=True)
+             if isinstance(f, RepoFile)}
+    files = choose_files(model, sizes)
+    if check_config is not None and "config.json" in files.paths:
+        config = Path(hf_hub_download(model.repo_id, "config.json", revision=info.sha))
+        check_config(json.loads(config.read_text()))
+    storage = _storage_folder(model.repo_id)
+    snapshot = storage / "snapshots" / info.sha
+    missing = {p: sizes[p] for p in files.paths if not (snapshot / p).is_file()}
+    _check_disk(model, storage, sum(missing.values()))
+    log.info("%s: downloading %d file(s), %d bytes (%s) of commit %s into %s", model.name, len(missing),
+             sum(missing.values()), _human(sum(missing.values())), info.sha[:12], storage)
+    start = time.monotonic()
+    with _ProgressLog(model.name, storage / "blobs", sum(missing.values())) as progress:
+        folder = snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(files.paths),
+                                   tqdm_class=None if progress.on_terminal else _silent_tqdm())
+    log.info("%s: downloaded %d bytes in %.1f s", model.name, sum(missing.values()), time.monotonic() - start)
+    return _local_path(Path(folder), files)
+
+
+def _storage_folder(repo_id: str) -> Path:
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+
+
+def _check_disk(model: HubModel, storage: Path, need: int) -> None:
+    storage.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(storage).free
+    if need > free:
+        raise HubError(f"{model.name} needs {_human(need)} but {storage} has {_human(free)} free: make room or "
+                       f"point HF_HOME at a larger disk")
+
+
+def hub_error_message(model: HubModel, e: BaseException) -> str:
+    """One line for huggingface_hub's and the network's errors (the message a user acts on)."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    if isinstance(e, GatedRepoError):
+        return (f"{model.repo_id} is a gated repo: accept its terms on the Hub, then set HF_TOKEN to a token of "
+                f"that account (or run `hf auth login`)")
+    if isinstance(e, RepositoryNotFoundError):
+        return (f"{model.repo_id} is neither a local path nor a model repo on {constants.ENDPOINT} (a private repo "
+                f"needs HF_TOKEN); check the name")
+    if isinstance(e, RevisionNotFoundError):
+        return f"{model.repo_id} has no revision {model.revision!r}"
+    if isinstance(e, (httpx2.TransportError, OfflineModeIsEnabled)):
+        return (f"cannot reach {constants.ENDPOINT} to download {model.name} ({type(e).__name__}: {e}); check the "
+                f"network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only the cache")
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"the disk filled while downloading {model.name} into {_storage_folder(model.repo_id)}: make room"
+    if isinstance(e, HfHubHTTPError):
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return f"the Hub refused {model.name}: {first}"
+    return f"cannot fetch {model.name}: {type(e).__name__}: {e}".splitlines()[0]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _silent_tqdm() -> type:
+    """huggingface_hub's progress bar class, never drawn (off a terminal its carriage returns
+    would fill the log; _ProgressLog writes lines instead)."""
+    from huggingface_hub.utils.tqdm import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
+
+
+class _ProgressLog:
+    """Off a terminal, logs the bytes written into the repo's blobs folder (huggingface_hub writes
+    each file there as BLOB.incomplete, then renames it) every PROGRESS_INTERVAL_S; on a terminal
+    huggingface_hub's own bars show the same."""
+
+    def __init__(self, name: str, blobs: Path, total: int):
+        self.name, self.blobs, self.total = name, blobs, total
+        self.on_terminal = sys.stderr.isatty()
+        self.stop = threading.Event()
+        self.base = self._bytes()
+        self.thread = threading.Thread(target=self._run, name="hub-progress", daemon=True)
+
+    def _bytes(self) -> int:
+        try:
+            return sum(p.stat().st_size for p in self.blobs.iterdir() if p.is_file())
+        except OSError:
+            return 0
+
+    def _run(self) -> None:
+        while not self.stop.wait(PROGRESS_INTERVAL_S):
+            done = min(self._bytes() - self.base, self.total)
+            log.info("%s: downloading, %d of %d bytes (%s of %s)", self.name, done, self.total,
+                     _human(done), _human(self.total))
+
+    def __enter__(self) -> "_ProgressLog":
+        if not self.on_terminal:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
