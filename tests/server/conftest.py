@@ -60,6 +60,10 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServerProcess":
+        return self.launch().wait_ready()
+
+    def launch(self) -> "ServerProcess":
+        """Starts the process (its own process group) without waiting for it."""
         model = os.environ.get("PAGEDKUBE_TEST_MODEL") or TEST_MODEL
         if "--model" not in self.args:
             self.args += ["--model", model]
@@ -67,6 +71,10 @@ class ServerProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "serve", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
