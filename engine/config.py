@@ -31,6 +31,12 @@ class EngineConfig:
     block_size: int = 16                # tokens per KV block (vLLM's default)
     num_kv_blocks: int | None = None    # None = sized from kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for the KV pool; None = runner's default for the device
+    # vLLM's --gpu-memory-utilization: the fraction of the device's memory this engine may use
+    # (CUDA: of the GPU's total, weights included; CPU: of the memory available at start-up, after
+    # the weights). None = the runner's default for the device (model_runner._num_kv_blocks).
+    gpu_memory_utilization: float | None = None
+    tokenizer: str | None = None        # a directory with tokenizer.json; None = the model's
+    chat_template: str | None = None    # a template file or the template's text; None = the tokenizer's
     max_num_seqs: int = 256             # vLLM's default cap on running sequences
     max_num_batched_tokens: int = 2048  # per-step token budget (vLLM's default for chunked prefill)
     max_model_len: int | None = None    # None = the model's max_position_embeddings
@@ -70,6 +76,11 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ValueError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if sum(x is not None for x in (self.num_kv_blocks, self.kv_cache_memory, self.gpu_memory_utilization)) > 1:
+            raise ValueError("give at most one of num_kv_blocks, kv_cache_memory and gpu_memory_utilization")
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+            raise ValueError(f"gpu_memory_utilization must be a fraction in (0, 1], got {u!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

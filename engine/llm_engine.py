@@ -26,7 +26,7 @@ from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler
 from pagedkube.engine.sequence import Sequence, SequenceStatus
 from pagedkube.engine.structured.manager import StructuredOutputManager
-from pagedkube.tokenizer import Tokenizer
+from pagedkube.tokenizer import Tokenizer, load_chat_template
 
 
 @dataclass
@@ -46,6 +46,21 @@ class EngineStats:
 PARKED_WAIT_S = 0.005
 
 
+def engine_tokenizer(config: EngineConfig, model_dir: str) -> Tokenizer | None:
+    """The model's tokenizer, or --tokenizer's; with --chat-template's template when given."""
+    tokenizer_dir = Path(config.tokenizer or model_dir).expanduser()
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        if config.tokenizer is not None:
+            raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json in that directory")
+        if config.chat_template is not None:
+            raise ValueError("chat_template needs a tokenizer, and the model has no tokenizer.json")
+        return None
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+    if config.chat_template is not None:
+        tokenizer = tokenizer.with_chat_template(load_chat_template(config.chat_template))
+    return tokenizer
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, kv_event_sink: Callable[[str, list[bytes]], None] | None = None):
         """`kv_event_sink` receives the pool's cache events (stored/removed block hashes).
@@ -59,8 +74,7 @@ class LLMEngine:
         self.model_name = model_name(config.model)
         self.runner = ModelRunner(config)
         model_dir = self.runner.model_config.model_dir   # a GGUF's converted files live in the cache
-        self.tokenizer: Tokenizer | None = (
-            Tokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer.json").is_file() else None)
+        self.tokenizer = engine_tokenizer(config, model_dir)
         self.vocab_size = self.runner.model_config.vocab_size
         self.max_model_len = self.runner.max_model_len
         self.block_size = self.runner.block_size

@@ -49,6 +49,33 @@ DEFAULT_CPU_KV_BYTES = 512 * 2**20
 CUDA_FREE_MEMORY_FRACTION = 0.9
 
 
+def available_host_memory() -> int:
+    """Bytes the kernel says a new allocation can get without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def utilization_budget(fraction: float, device: torch.device) -> int:
+    """KV bytes under --gpu-memory-utilization. CUDA, as vLLM: the fraction of the device's total
+    memory less what this process already holds (weights, the step's workspace). CPU: the
+    fraction of the memory available now, after the weights are loaded."""
+    if device.type == "cuda":
+        _, total = torch.cuda.mem_get_info(device)
+        budget = int(total * fraction) - torch.cuda.memory_reserved(device)
+        if budget < 1:
+            raise ValueError(f"--gpu-memory-utilization {fraction:g} leaves no memory for the KV cache: "
+                             f"{torch.cuda.memory_reserved(device) / 2**30:.1f} GiB of the device's "
+                             f"{total / 2**30:.1f} GiB are already used by the weights")
+        return budget
+    return int(available_host_memory() * fraction)
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -182,7 +209,9 @@ class ModelRunner:
         bytes_per_block = self.model_config.kv_bytes_per_block(self.block_size, self.dtype.itemsize)
         budget = self.config.kv_cache_memory
         cap = None
-        if budget is None:
+        if self.config.gpu_memory_utilization is not None:
+            budget = utilization_budget(self.config.gpu_memory_utilization, self.device)
+        elif budget is None:
             blocks_per_seq = -(-self.max_model_len // self.block_size)
             cap = self.config.max_num_seqs * blocks_per_seq   # more than every sequence at full length is waste
             if self.device.type == "cuda":

@@ -49,6 +49,21 @@ def chat_template_from(files: Mapping[str, str], config: Mapping[str, Any]) -> s
     return template or None
 
 
+def load_chat_template(given: str) -> str:
+    """`--chat-template` as vLLM reads it: a file's path, or the template's own text (anything
+    with a brace or a newline). A path that does not open is a ValueError, not a template."""
+    path = Path(given).expanduser()
+    try:
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:       # unreadable, or a "path" too long to be one
+        if not any(c in given for c in "{}\n"):
+            raise ValueError(f"chat template {given!r}: {e}") from None
+    if any(c in given for c in "{}\n"):
+        return given
+    raise ValueError(f"chat template {given!r} is neither a readable file nor a Jinja template")
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):  # AddedToken serialised as a dict
         return value.get("content")
@@ -83,6 +98,11 @@ class Tokenizer:
         files = {name: (model_dir / name).read_text(encoding="utf-8")
                  for name in TOKENIZER_FILES if (model_dir / name).is_file()}
         return cls(files)
+
+    def with_chat_template(self, template: str) -> "Tokenizer":
+        """This tokenizer with `template` (text) as its chat template, in every copy of its files
+        (the engine's HTTP process and the gateway render with the same one)."""
+        return Tokenizer({**self.files, CHAT_TEMPLATE_JINJA: template})
 
     @property
     def eos_token_id(self) -> int | None:

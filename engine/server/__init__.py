@@ -19,6 +19,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     tool_parsers.py   tool calls out of a model's text (hermes, llama3_json, mistral; torch-free)
     tool_stream.py    tool calls as OpenAI's message and delta.tool_calls stream chunks
     responses.py      OpenAI response and stream-chunk shapes
+    sampling_defaults.py  --generation-config: the model's sampling settings as request defaults
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize
     cache_feed.py     /v1/cache/config, /v1/cache/events, /v1/cache/tokenizer
     metrics.py        vLLM's metric names and buckets

@@ -26,13 +26,14 @@ from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAc
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.config import EngineConfig
-from pagedkube.engine.server.core_client import EngineCoreClient
+from pagedkube.engine.server.core_client import EngineBuildError, EngineCoreClient
 from pagedkube.engine.server.engine_core import EngineFactory
 from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
+from pagedkube.engine.server.sampling_defaults import sampling_defaults
 from pagedkube.engine.server.tool_parsers import resolve as resolve_tool_parser
 from pagedkube.http_limits import BodyLimits
 from pagedkube.openai_errors import DRAINING, ENGINE_UNHEALTHY, INVALID_API_KEY, NOT_READY, error_body
@@ -93,7 +94,12 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        info = await state.engine.start()
+        try:
+            info = await state.engine.start()
+        except EngineBuildError as exc:
+            if exc.user_error:
+                state.startup_error = exc.reason   # serve_cli prints it as one line and exits 2
+            raise
         state.model_name = config.served_model_name or info.model_name
         state.engine_id = info.kv_events.engine_id
         state.metrics = EngineMetrics(state.model_name, state.engine.stats)
@@ -103,6 +109,11 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
         state.info = info
         state.tool_parser = resolve_tool_parser(config.tool_call_parser,
                                                 info.tokenizer.chat_template if info.tokenizer else None)
+        state.sampling_defaults = sampling_defaults(config.generation_config,
+                                                    info.tokenizer.files if info.tokenizer else None)
+        if state.sampling_defaults:
+            logger.info("sampling defaults from the generation config (--generation-config %s): %s",
+                        config.generation_config, state.sampling_defaults)
         logger.info("tool-call parser: %s (--tool-call-parser %s)",
                     state.tool_parser.name if state.tool_parser else "none", config.tool_call_parser)
         logger.info("engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",

@@ -27,6 +27,7 @@ class ServerConfig:
     # Parses tool calls out of tool_choice "auto" answers (tool_parsers.py); auto = the one the chat
     # template's format calls for, none = off (then tool_choice "auto" with tools is a 400, as in vLLM).
     tool_call_parser: str = "auto"
+    generation_config: str = "auto"       # request sampling defaults: auto | vllm | FOLDER (sampling_defaults.py)
 
     def __post_init__(self) -> None:
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -46,5 +47,7 @@ class ServerConfig:
         from pagedkube.engine.server.tool_parsers import PARSER_NAMES
         if self.tool_call_parser not in PARSER_NAMES:
             raise ValueError(f"tool_call_parser must be one of {PARSER_NAMES}, got {self.tool_call_parser!r}")
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder")
         if self.drain_timeout < 0:
             raise ValueError(f"drain_timeout must be >= 0, got {self.drain_timeout}")

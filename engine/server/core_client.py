@@ -54,6 +54,16 @@ MAX_UNDELIVERED = 2          # step messages queued on the event loop before the
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0   # silence after which /health fails: 30 heartbeats, or one step that long
 
 
+class EngineBuildError(RuntimeError):
+    """Building the engine failed. `user_error`: the configuration's fault (a model that is not
+    there, a limit the model cannot take), which `pagedkube serve` reports as one line."""
+
+    def __init__(self, reason: str, user_error: bool = False):
+        super().__init__(f"building the engine failed: {reason}")
+        self.reason = reason
+        self.user_error = user_error
+
+
 @dataclass
 class _Tracked:
     stream: RequestStream
@@ -130,7 +140,7 @@ class EngineCoreClient:
         if not isinstance(first, CoreReady):
             worker.join(5)
             reason = getattr(first, "message", None) or f"the engine core exited with {worker.exitcode}"
-            raise RuntimeError(f"building the engine failed: {reason}")
+            raise EngineBuildError(reason, user_error=getattr(first, "user_error", False))
         facts = first.facts
         from pagedkube.tokenizer import Tokenizer
         self._stats = facts.stats

@@ -76,6 +76,7 @@ class CoreReady:
 @dataclass(frozen=True, slots=True)
 class CoreFailed:
     message: str
+    user_error: bool = False    # the configuration's fault (a ValueError): one line, no traceback
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,10 @@ def serve_core(conn: Connection, factory: EngineFactory) -> None:
     try:
         core = EngineCore(factory, conn)
         ready = CoreReady(core.facts())
+    except ValueError as exc:     # the user's mistake (a model that is not there, a limit too big)
+        logger.debug("building the engine failed", exc_info=True)
+        conn.send(CoreFailed(str(exc), user_error=True))
+        return
     except BaseException as exc:  # reported to the HTTP process, which fails start-up
         logger.exception("building the engine failed")
         conn.send(CoreFailed(f"{type(exc).__name__}: {exc}"))

@@ -37,6 +37,17 @@ def parse_bytes(text: str) -> int:
     return value
 
 
+def parse_fraction(text: str) -> float:
+    """"0.9" -> 0.9, a fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1] like 0.9, got {text!r}")
+    return value
+
+
 def parse_sizes(text: str) -> tuple[int, ...]:
     """"1,2,4,8" -> (1, 2, 4, 8)."""
     try:
@@ -106,6 +117,20 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         kv.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool"),
         kv.add_argument("--kv-cache-memory", type=typed(parse_bytes), default=None,
                         help="bytes for the KV pool (e.g. 4GiB)"),
+        kv.add_argument("--gpu-memory-utilization", type=typed(parse_fraction), default=None,
+                        help="fraction of memory this engine may use, as vLLM's: on CUDA of the GPU's total "
+                             "(weights included), on CPU of the memory available after the weights; the KV pool "
+                             "takes the rest (default: 0.9 of the GPU's free memory, 512MiB on CPU)"),
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=default(_engine("enable_prefix_caching")),
+                       help="reuse the KV blocks of earlier prompts' shared prefixes"),
+        g.add_argument("--tokenizer", default=None,
+                       help="a directory with tokenizer.json to use instead of the model's (default: the model's)"),
+        g.add_argument("--chat-template", default=None,
+                       help="the chat template: a file or the template's text (default: the tokenizer's)"),
+        g.add_argument("--generation-config", default=default(_server("generation_config")),
+                       help="sampling settings a request leaves out: auto = the model's generation_config.json, vllm = none "
+                            "(the API's), or a folder with a generation_config.json; a request's own fields win"),
         g.add_argument("--max-num-seqs", type=int, default=default(_engine("max_num_seqs"))),
         g.add_argument("--max-num-batched-tokens", type=int, default=default(_engine("max_num_batched_tokens"))),
         g.add_argument("--max-model-len", type=int, default=None),
@@ -149,8 +174,10 @@ def passthrough_argv(args: argparse.Namespace, flags: list[str]) -> list[str]:
     out: list[str] = []
     for flag in flags:
         value = getattr(args, flag[2:].replace("-", "_"))
-        if value is True:             # a switch (--enable-auto-tool-choice)
+        if value is True:             # a switch (--enable-auto-tool-choice, --enable-prefix-caching)
             out.append(flag)
+        elif value is False:          # a switch turned off (--no-enable-prefix-caching)
+            out.append(f"--no-{flag[2:]}")
         elif value is not None:
             out += [flag, str(value)]
     return out

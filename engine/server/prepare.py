@@ -81,27 +81,37 @@ def _sampling_params(state: ServerState, req: CompletionRequest | ChatCompletion
                      max_tokens: int, logprobs: int | None,
                      constraint: StructuredOutputsParams | None = None,
                      skip_special_tokens: bool | None = None) -> SamplingParams:
-    temperature = 1.0 if req.temperature is None else req.temperature
+    defaults = state.sampling_defaults
+    temperature = _given(req.temperature, defaults.get("temperature"), 1.0)
     if temperature < MIN_TEMPERATURE:
         temperature = 0.0
     vocab_size = state.info.vocab_size
-    top_k = req.top_k or 0
+    top_k = int(_given(req.top_k, defaults.get("top_k"), 0))
+    if top_k < 1:
+        top_k = 0   # -1 and 0 both mean no top-k
     if top_k > vocab_size:
         top_k = 0  # keeping more tokens than the vocabulary has is no filter at all
     try:
         return SamplingParams(
-            n=req.n, temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=top_k, min_p=req.min_p or 0.0, seed=req.seed, stop=req.stop,
+            n=req.n, temperature=temperature, top_p=_given(req.top_p, defaults.get("top_p"), 1.0),
+            top_k=top_k, min_p=_given(req.min_p, defaults.get("min_p"), 0.0), seed=req.seed, stop=req.stop,
             stop_token_ids=req.stop_token_ids, max_tokens=max_tokens, min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos, logprobs=logprobs, include_stop_str_in_output=req.keep_stop_str,
             skip_special_tokens=req.skip_special_tokens if skip_special_tokens is None else skip_special_tokens,
             structured_outputs=constraint,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=_given(req.repetition_penalty, defaults.get("repetition_penalty"), 1.0),
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             logit_bias=_logit_bias(state, req.logit_bias))
     except ValueError as exc:
         field = str(exc).split(" ", 1)[0]
         raise bad_request(str(exc), field if field in type(req).model_fields else None) from exc
+
+
+def _given(requested: float | None, model_default: float | int | None, api_default: float) -> float:
+    """A sampling field: the request's, else the generation config's (--generation-config), else the API's."""
+    if requested is not None:
+        return requested
+    return api_default if model_default is None else model_default
 
 
 def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -212,6 +222,8 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest, inline: bool = 
         ids = state.chat_encoder().encode(text)
     ids = _truncate(state, ids, req.truncate_prompt_tokens)
     requested, field = req.requested_max_tokens
+    if requested is None and "max_tokens" in state.sampling_defaults:
+        requested = int(state.sampling_defaults["max_tokens"])
     max_tokens = _max_tokens(state, len(ids), requested, field, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     constraint, constraint_field = _constraint(state, req)

@@ -16,7 +16,9 @@ from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
+from pagedkube.engine.server.sampling_defaults import read_generation_config
 from pagedkube.observability import add_observability_args, observability_from_args
+from pagedkube.tokenizer import load_chat_template
 
 logger = logging.getLogger("pagedkube.serve")
 
@@ -64,9 +66,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> ServerConfig:
     if args.model_tag and args.model and args.model_tag != args.model:
         raise ValueError(f"the model is given twice: {args.model_tag!r} and --model {args.model!r}")
+    if args.chat_template is not None:
+        load_chat_template(args.chat_template)      # a missing file is found now, not after the model loads
+    read_generation_config(args.generation_config)
     engine = EngineConfig(
         model=args.model_tag or args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=args.enable_prefix_caching,
+        tokenizer=args.tokenizer, chat_template=args.chat_template,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
         decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
@@ -79,7 +86,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
                         head_limits=head_limits_from_args(args), observability=observability_from_args(args),
-                        tool_call_parser=args.tool_call_parser)
+                        tool_call_parser=args.tool_call_parser, generation_config=args.generation_config)
 
 
 def port_unavailable(host: str, port: int) -> str | None:
@@ -145,10 +152,34 @@ def run_serve(args: argparse.Namespace) -> int:
 
     app = create_app(config)
     http = limited_http_protocol(config.head_limits, lambda status, message, code: error_body(status, message, code=code))
+    state = app.state.server
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5, access_log=False, loop=args.loop, http=http),
-                            app.state.server)
-    server.run()
+                            state)
+    quiet = _QuietStartupFailure(state)
+    if args.log_level != "debug":       # uvicorn logs the lifespan's traceback on uvicorn.error
+        logging.getLogger("uvicorn.error").addFilter(quiet)
+    try:
+        server.run()
+    except SystemExit:                  # uvicorn's exit when start-up failed
+        pass
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
+    if state.startup_error is not None:
+        print(f"pagedkube serve: error: {state.startup_error}", flush=True)
+        return 2
     if not server.started:
         return 1
-    return app.state.server.exit_code
+    return state.exit_code
+
+
+class _QuietStartupFailure(logging.Filter):
+    """Drops uvicorn's traceback and "startup failed" lines once the engine failed to build by
+    the user's mistake: that ends in one line of ours (`--log-level debug` keeps them)."""
+
+    def __init__(self, state: Any):
+        super().__init__()
+        self.state = state
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.state.startup_error is None

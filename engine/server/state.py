@@ -42,9 +42,11 @@ class ServerState:
     drain_requested: bool = False           # POST /drain: a scale-in chose this engine (DELETE /drain undoes it)
     in_flight: int = 0                      # generation requests not yet answered in full
     feed_waiters: FeedWaiters | None = None  # wakes cache-feed long-polls (lifespan start-up)
+    startup_error: str | None = None        # building the engine failed by the user's mistake (one line)
     exit_code: int = 0                      # the process's, once it stops: 1 after a fatal engine failure
     stop_server: Callable[[], None] | None = None   # set by the HTTP server (draining.py): stops it
     tool_parser: ToolParser | None = None   # for tool_choice "auto" (tool_parsers.py), set with info
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)   # --generation-config's, set with info
     constraint_check: ConstraintCheck = field(default_factory=ConstraintCheck)   # parses each new constraint once
     _info: EngineInfo | None = field(default=None, repr=False)
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)

@@ -55,3 +55,30 @@ def test_a_busy_port_is_found_before_the_model_loads():
     assert r.returncode == 2
     assert r.stdout.strip() == f"pagedkube serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     assert "Traceback" not in r.stdout + r.stderr and "engine ready" not in r.stdout + r.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["/nonexistent/model"], "model '/nonexistent/model' is not a model name"),
+    (["builtin://tiny", "--max-model-len", "100000"],
+     "max_model_len 100000 exceeds the model's max_position_embeddings (2048)"),
+])
+def test_a_model_the_engine_cannot_build_ends_in_one_line_and_exit_2(argv, message):
+    """Found while the engine builds (in its own process): no traceback, the last line says why."""
+    r = run("serve", *argv, "--port", str(free_port()))
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out
+    assert r.stdout.strip().splitlines()[-1].startswith(f"pagedkube serve: error: {message}"), out
+    assert "Traceback" not in out and "startup failed" not in out
+
+
+def test_log_level_debug_keeps_the_traceback():
+    r = run("serve", "/nonexistent/model", "--port", str(free_port()), "--log-level", "debug")
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" in out
+    assert r.stdout.strip().splitlines()[-1].startswith("pagedkube serve: error: model '/nonexistent/model'"), out
