@@ -25,8 +25,9 @@ never imports torch. Hence the lazy attributes below.
     sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)
     penalties.py         repetition, presence and frequency penalties, logit bias
     output_processor.py  tokens -> text, stop strings, logprobs
-    cli.py               registers the `generate` and `serve` subcommands
+    cli.py               registers the `generate`, `serve` and `download` subcommands
     generate_cli.py      `pagedkube generate`
+    download_cli.py      `pagedkube download`: a Hub model into the cache, ready to serve
     attention/           paged attention: torch reference and Triton kernels
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)

@@ -52,13 +52,16 @@ MODEL_FLAG_HELP = (f"a Hugging Face Hub repo (ORG/NAME[@REV]), a GGUF in one (OR
 # A manifest's model source (LLMService spec.model.source), in one place: the operator parses
 # with these (operator/spec.py) and its CRD validates with their union (`SOURCE_PATTERN`, which
 # the API server also checks, so it uses only groups every regex dialect reads alike).
-HF_REPO = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"   # hf://ORG/NAME
+HF_REPO = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"   # ORG/NAME
 HF_REVISION = r"[A-Za-z0-9._/-]+"                                    # @REVISION
+GGUF_IN_REPO = r"(/[A-Za-z0-9][A-Za-z0-9._-]*[.]gguf|:[A-Za-z0-9._-]+)"  # /FILE.gguf or :QUANT
+# [hf://]ORG/NAME[/FILE.gguf|:QUANT][@REVISION] (pagedkube.hub_model reads the same, and more spellings)
+HUB_SOURCE = rf"(hf://)?{HF_REPO}{GGUF_IN_REPO}?(@{HF_REVISION})?"
 PVC_CLAIM = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"                          # pvc://CLAIM (a DNS-1123 label)
 PVC_PATH = r"/[^\s]*"                                                # /PATH inside the claim
 # builtin://NAME: the models inside the engine image, no download (the toy and the named models).
 BUILTIN_SOURCE_NAMES: tuple[str, ...] = BUILTIN_MODELS + tuple(NAMED_MODELS)
-SOURCE_PATTERN = (rf"^(hf://{HF_REPO}(@{HF_REVISION})?|pvc://{PVC_CLAIM}({PVC_PATH})?"
+SOURCE_PATTERN = (rf"^({HUB_SOURCE}|pvc://{PVC_CLAIM}({PVC_PATH})?"
                   rf"|{BUILTIN_SCHEME}({'|'.join(BUILTIN_SOURCE_NAMES)}))$")
 # A `..` segment (pvc://claim/../../var/run/secrets/..., hf://org/name@../x) climbs out of where
 # the source points. Refused wherever a source is read: the CRD (a CEL rule with this pattern,

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from pagedkube.defaults import default_of
@@ -105,12 +106,11 @@ def port_unavailable(host: str, port: int) -> str | None:
     return None
 
 
-def fetch_model(model: str | None) -> None:
+def fetch_model(model: str | None) -> Path | None:
     """A Hub model is downloaded (or found in the cache) here, in the CLI's process, so that a
     name that cannot be served ends with one line and exit code 2; the engine core then finds it
-    in the cache without a Hub request (pagedkube/hub_download.py)."""
-    from pathlib import Path
-
+    in the cache without a Hub request (pagedkube/hub_download.py). Its local path; None when
+    `model` is no Hub name."""
     from pagedkube.hub_model import parse_hub_model
 
     if model and not Path(model).expanduser().exists() and parse_hub_model(model) is not None:
@@ -123,6 +123,8 @@ def fetch_model(model: str | None) -> None:
             from pagedkube.engine.gguf.reader import GGUFFile
 
             gguf_config(GGUFFile(source.path))   # its architecture, before the engine starts
+        return source.path
+    return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -164,3 +164,24 @@ def test_a_token_opens_a_gated_repo_and_generate_takes_a_hub_name(hub, tmp_path)
     assert done.stdout.strip(), done.stdout
     assert downloads(hub) == sorted(f"/{GATED}/{name}" for name in ENGINE_FILES)
     assert f"{GATED}: downloaded " in done.stderr
+
+
+def test_download_fetches_and_converts_once_and_reports_an_error_for_the_pod_status(hub, tmp_path) -> None:
+    """`pagedkube download`, as the operator's init container runs it: the model's path on stdout
+    (the GGUF converted into PAGEDKUBE_CACHE_DIR), and a failure's one line in --termination-log."""
+    env = hub_env(hub, tmp_path)
+    hub.clear()
+    done = run_cli("download", f"{GGUFS}/{Q8_0_FILE}", env=env)
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip())
+    assert path.name == Q8_0_FILE and path.read_bytes() == (hub.repos[GGUFS].folder / Q8_0_FILE).read_bytes()
+    assert downloads(hub) == [f"/{GGUFS}/{Q8_0_FILE}"]
+    assert len(list((tmp_path / "pagedkube" / "gguf").glob("*-v*/done.json"))) == 1
+    hub.clear()
+    again = run_cli("download", f"{GGUFS}/{Q8_0_FILE}", env=env)
+    assert (again.returncode, again.stdout, hub.seen()) == (0, done.stdout, [])
+    termination = tmp_path / "termination-log"
+    failed = run_cli("download", GATED, "--termination-log", str(termination), env=env)
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines()[-1].startswith(f"pagedkube download: error: {GATED} is a gated repo")
+    assert termination.read_text().startswith(f"{GATED} is a gated repo: accept its terms")
