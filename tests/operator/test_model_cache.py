@@ -16,7 +16,7 @@ from pagedkube.operator.spec import LLMServiceSpec
 from pagedkube.operator.status import compute_status
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llms_crd_check import validate  # noqa: E402
+from llms_crd_check import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "manifests/crd.yaml").read_text())
