@@ -120,7 +120,7 @@ def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | 
     log.info("%s: downloading %d file(s), %d bytes (%s) of commit %s into %s", model.name, len(missing),
              sum(missing.values()), _human(sum(missing.values())), info.sha[:12], storage)
     start = time.monotonic()
-    with _ProgressLog(model.name, storage / "blobs", sum(missing.values())) as progress:
+    with ProgressLog(model.name, storage / "blobs", sum(missing.values())) as progress:
         folder = snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(files.paths),
                                    tqdm_class=None if progress.on_terminal else _silent_tqdm())
     log.info("%s: downloaded %d bytes in %.1f s", model.name, sum(missing.values()), time.monotonic() - start)
@@ -178,7 +178,7 @@ def _human(n: float) -> str:
 
 def _silent_tqdm() -> type:
     """huggingface_hub's progress bar class, never drawn (off a terminal its carriage returns
-    would fill the log; _ProgressLog writes lines instead)."""
+    would fill the log; ProgressLog writes lines instead)."""
     from huggingface_hub.utils.tqdm import tqdm
 
     class Silent(tqdm):
@@ -189,13 +189,13 @@ def _silent_tqdm() -> type:
     return Silent
 
 
-class _ProgressLog:
+class ProgressLog:
     """Off a terminal, logs the bytes written into the repo's blobs folder (huggingface_hub writes
     each file there as BLOB.incomplete, then renames it) every PROGRESS_INTERVAL_S; on a terminal
     huggingface_hub's own bars show the same."""
 
-    def __init__(self, name: str, blobs: Path, total: int):
-        self.name, self.blobs, self.total = name, blobs, total
+    def __init__(self, name: str, blobs: Path, total: int, interval: float = PROGRESS_INTERVAL_S):
+        self.name, self.blobs, self.total, self.interval = name, blobs, total, interval
         self.on_terminal = sys.stderr.isatty()
         self.stop = threading.Event()
         self.base = self._bytes()
@@ -208,12 +208,12 @@ class _ProgressLog:
             return 0
 
     def _run(self) -> None:
-        while not self.stop.wait(PROGRESS_INTERVAL_S):
+        while not self.stop.wait(self.interval):
             done = min(self._bytes() - self.base, self.total)
             log.info("%s: downloading, %d of %d bytes (%s of %s)", self.name, done, self.total,
                      _human(done), _human(self.total))
 
-    def __enter__(self) -> "_ProgressLog":
+    def __enter__(self) -> "ProgressLog":
         if not self.on_terminal:
             self.thread.start()
         return self
