@@ -26,16 +26,17 @@ def add_download_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_download(args: argparse.Namespace) -> int:
-    from pagedkube.engine.server.serve_cli import fetch_model
+    from pagedkube.engine.server.serve_cli import resolve_model
     from pagedkube.hub_download import log_progress_to_stderr
+    from pagedkube.hub_model import parse_hub_model
 
     log_progress_to_stderr()
     model = args.model_tag or args.model
     try:
-        path = fetch_model(model)
-        if path is None:
+        if not model or parse_hub_model(model) is None:
             raise ValueError(f"{model!r} is not a Hugging Face Hub model name (ORG/NAME, ORG/NAME:QUANT, "
                              f"ORG/NAME/FILE.gguf, each with an optional @REVISION)")
+        path = resolve_model(model)
         if path.is_file():   # a GGUF: its tokenizer conversion, once, into the engine's cache
             from pagedkube.engine.gguf.prepare import gguf_model_dir
 

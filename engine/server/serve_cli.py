@@ -106,25 +106,21 @@ def port_unavailable(host: str, port: int) -> str | None:
     return None
 
 
-def fetch_model(model: str | None) -> Path | None:
-    """A Hub model is downloaded (or found in the cache) here, in the CLI's process, so that a
-    name that cannot be served ends with one line and exit code 2; the engine core then finds it
-    in the cache without a Hub request (pagedkube/hub_download.py). Its local path; None when
-    `model` is no Hub name."""
-    from pagedkube.hub_model import parse_hub_model
+def resolve_model(model: str | None) -> Path:
+    """--model resolved in the CLI's process, before the engine starts, so that a model that cannot
+    be served ends with one line and exit code 2: a Hub model is downloaded (or found in the
+    cache; the engine core then finds it there without a Hub request, pagedkube/hub_download.py),
+    a path is checked, a GGUF's architecture is read. Its local path."""
+    from pagedkube.engine.model_config import check_hub_config
+    from pagedkube.model_source import resolve_model_source
 
-    if model and not Path(model).expanduser().exists() and parse_hub_model(model) is not None:
-        from pagedkube.engine.model_config import check_hub_config
-        from pagedkube.model_source import resolve_model_source
+    source = resolve_model_source(model, check_hub_config)
+    if source.is_gguf:
+        from pagedkube.engine.gguf.config import gguf_config
+        from pagedkube.engine.gguf.reader import GGUFFile
 
-        source = resolve_model_source(model, check_hub_config)
-        if source.is_gguf:
-            from pagedkube.engine.gguf.config import gguf_config
-            from pagedkube.engine.gguf.reader import GGUFFile
-
-            gguf_config(GGUFFile(source.path))   # its architecture, before the engine starts
-        return source.path
-    return None
+        gguf_config(GGUFFile(source.path))
+    return source.path
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -141,8 +137,10 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
         return 2
     try:
-        fetch_model(config.engine.model)
+        resolve_model(config.engine.model)
     except ValueError as exc:
+        if args.log_level == "debug":
+            logger.exception("the model cannot be served")
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     import uvicorn

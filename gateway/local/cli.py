@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from pagedkube.access_log import DEFAULT_ACCESS_LOG
-    from pagedkube.engine.server.serve_cli import fetch_model
+    from pagedkube.engine.server.serve_cli import resolve_model
     from pagedkube.gateway.local.supervisor import Supervisor
     from pagedkube.hub_download import log_progress_to_stderr
     from pagedkube.observability import ObservabilityConfig
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     check_engine_args(argv)
     log_progress_to_stderr()
     try:
-        fetch_model(args.model)   # once here, not by each engine: one progress, one-line errors
+        resolve_model(args.model)   # once here, not by each engine: one download, one-line errors
         config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,

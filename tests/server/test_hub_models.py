@@ -140,8 +140,9 @@ def run_cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     (HUGE, {}, f"{HUGE} needs 1000.0 TB but "),
     (f"{GGUFS}:Q5_K", {}, f"{GGUFS}:Q5_K: {GGUFS} has no GGUF file for Q5_K; name one of "
                           f"{Q4_1_FILE}, {Q8_0_FILE} as "),
+    ("/no/such/model-dir", {}, "model '/no/such/model-dir' is not a model name "),   # a local path, too
 ], ids=["unknown-repo", "gated-without-token", "no-network", "offline-cold-cache", "unsupported-architecture",
-        "disk-full", "no-such-quant"])
+        "disk-full", "no-such-quant", "no-such-path"])
 def test_a_model_that_cannot_be_had_is_one_line_and_exit_code_2(hub, tmp_path, model, extra, message) -> None:
     port = str(free_port())
     extra = {k: v.replace("PORT", port) for k, v in extra.items()}
