@@ -35,7 +35,7 @@ def test_shellcheck_really_reports(tmp_path: Path) -> None:
 
 
 def test_workflows_exist() -> None:
-    assert [w.name for w in WORKFLOWS] == ["ci.yml"]
+    assert [w.name for w in WORKFLOWS] == ["ci.yml", "release.yml"]
 
 
 def test_actionlint(k8s_bin: Path) -> None:

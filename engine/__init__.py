@@ -43,14 +43,14 @@ from typing import Any
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
         from pagedkube.engine.llm import LLM
         return LLM
-    if name in ("RequestOutput", "CompletionOutput"):
+    if name in ("RequestOutput", "CompletionOutput", "Logprob"):
         from pagedkube.engine import outputs
         return getattr(outputs, name)
     raise AttributeError(f"module 'pagedkube.engine' has no attribute {name!r}")

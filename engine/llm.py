@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.llm_engine import LLMEngine
@@ -33,6 +33,13 @@ class LLM:
 
     def get_tokenizer(self):
         return self.engine.tokenizer
+
+    def _decode_token(self) -> Callable[[int], str] | None:
+        """A token id's text, for Logprob.decoded_token (special tokens kept, as vLLM shows them)."""
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            return None
+        return lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
 
     def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -90,7 +97,7 @@ class LLM:
             self._num_requests += 1
             token_ids = self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
             results[request_id] = OutputAccumulator(request_id, prompt if isinstance(prompt, str) else None,
-                                                    token_ids)
+                                                    token_ids, self._decode_token())
         return self._run(results, _progress(len(results), use_tqdm))
 
     def _run(self, results: dict[str, OutputAccumulator], progress: Any = None) -> list[RequestOutput]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedkube.engine.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta
+from pagedkube.engine.outputs import CompletionOutput, RequestDelta, RequestOutput, SampleDelta, to_logprobs
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler, SeqUpdate
 from pagedkube.engine.sequence import Sequence, SequenceStatus
@@ -53,6 +53,7 @@ class SampleState:
     stop_string_hit: bool = False
     stop_reason: int | str | None = None
     logprobs: list[dict[int, float]] | None = None
+    ranks: list[int] | None = None       # of each sampled token (with logprobs)
     cumulative_logprob: float | None = None
     sent_tokens: int = 0                 # what to_delta already reported
     sent_text: int = 0
@@ -82,11 +83,12 @@ class SampleState:
             return None
         token_ids = self.seq.output_token_ids[self.sent_tokens:]
         logprobs = None if self.logprobs is None else self.logprobs[self.sent_tokens:]
+        ranks = None if self.ranks is None else self.ranks[self.sent_tokens:]
         self.sent_tokens = num_tokens
         self.sent_final = status.finished
         return SampleDelta(self.seq.sample_index, token_ids, self.new_text(params), logprobs,
                            self.cumulative_logprob, status.value if status.finished else None,
-                           self.stop_reason if status.finished else None)
+                           self.stop_reason if status.finished else None, ranks)
 
     def visible_text(self, params: SamplingParams) -> str:
         if self.detok is None:
@@ -125,6 +127,7 @@ class RequestState:
         samples = [SampleState(seq, None if tokenizer is None else
                                make_detokenizer(tokenizer, params.skip_special_tokens),
                                logprobs=None if params.logprobs is None else [],
+                               ranks=None if params.logprobs is None else [],
                                cumulative_logprob=None if params.logprobs is None else 0.0)
                    for seq in seqs]
         return cls(request_id, prompt, list(seqs[0].prompt_token_ids), params, samples,
@@ -142,6 +145,8 @@ class RequestState:
             for token_id, logprob in out.top_logprobs or ():
                 entry.setdefault(token_id, logprob)
             state.logprobs.append(entry)
+            if state.ranks is not None:
+                state.ranks.append(out.rank if out.rank is not None else 0)
             state.cumulative_logprob += out.logprob
         state.stop_reason = update.stop_reason
         if state.detok is None:
@@ -183,7 +188,7 @@ class RequestState:
                 index=i, text=state.visible_text(self.params), token_ids=list(state.seq.output_token_ids),
                 finish_reason=status.value if status.finished else None,
                 stop_reason=state.stop_reason if status.finished else None,
-                logprobs=None if state.logprobs is None else list(state.logprobs),
+                logprobs=None if state.logprobs is None else to_logprobs(state.logprobs, state.ranks),
                 cumulative_logprob=state.cumulative_logprob))
         finished = self.finished
         if finished:

@@ -2,6 +2,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(slots=True)
+class Logprob:
+    """vLLM's: a token's log probability, its rank in the vocabulary (1 = the likeliest) and its text."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+def to_logprobs(entries: list[dict[int, float]], ranks: list[int] | None,
+                decode: Callable[[int], str] | None = None) -> list[dict[int, Logprob]]:
+    """The engine's compact entries ({token id: logprob}, the sampled token first, then the top
+    ones) as vLLM's {token id: Logprob}. The sampled token's rank is the sampler's (over the whole
+    vocabulary); a top token's is its place among the top ones."""
+    out = []
+    for j, entry in enumerate(entries):
+        sampled = next(iter(entry), None)
+        by_value = sorted(entry, key=entry.__getitem__, reverse=True)
+        place = {token_id: n for n, token_id in enumerate(by_value, 1)}
+        out.append({token_id: Logprob(logprob, ranks[j] if token_id == sampled and ranks else place[token_id],
+                                      decode(token_id) if decode is not None else None)
+                    for token_id, logprob in entry.items()})
+    return out
 
 
 @dataclass
@@ -11,7 +36,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None          # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None      # the stop string or token id that ended it
-    logprobs: list[dict[int, float]] | None = None  # per output token: {token_id: logprob}, sampled one first
+    logprobs: list[dict[int, Logprob]] | None = None  # per output token: {token_id: Logprob}, sampled one first
     cumulative_logprob: float | None = None
 
 
@@ -36,6 +61,7 @@ class SampleDelta:
     cumulative_logprob: float | None
     finish_reason: str | None = None          # set on the sample's last delta
     stop_reason: int | str | None = None
+    ranks: list[int] | None = None            # the sampled tokens' ranks, beside logprobs
 
 
 @dataclass(slots=True)
@@ -57,8 +83,11 @@ class OutputAccumulator:
 
     Appends only: text pieces are joined once, in result()."""
 
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int]):
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 decode: Callable[[int], str] | None = None):
+        """`decode`: a token id's text, for Logprob.decoded_token (None: left out)."""
         self.request_id = request_id
+        self.decode = decode
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.finished = False
@@ -81,7 +110,7 @@ class OutputAccumulator:
             if s.logprobs is not None:
                 if out.logprobs is None:
                     out.logprobs = []
-                out.logprobs.extend(s.logprobs)
+                out.logprobs.extend(to_logprobs(s.logprobs, s.ranks, self.decode))
             out.cumulative_logprob = s.cumulative_logprob
             out.finish_reason, out.stop_reason = s.finish_reason, s.stop_reason
 

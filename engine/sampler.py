@@ -130,7 +130,10 @@ class Sampler:
     @staticmethod
     def _fill_logprobs(outputs: list[SampleOutput], raw_logprobs: torch.Tensor, tokens: torch.Tensor,
                        seqs: list[Sequence], rows: list[int]) -> None:
-        sampled = raw_logprobs[rows, tokens[rows]].tolist()
+        sampled_t = raw_logprobs[rows, tokens[rows]]
+        # vLLM's rank: 1 + how many tokens are likelier than the sampled one
+        ranks = (raw_logprobs[rows] > sampled_t[:, None]).sum(dim=-1).add_(1).tolist()
+        sampled = sampled_t.tolist()
         max_k = min(max(seqs[i].params.logprobs for i in rows), raw_logprobs.shape[1])
         top_values, top_ids = (raw_logprobs[rows].topk(max_k, dim=-1) if max_k
                                else (raw_logprobs.new_empty(len(rows), 0), tokens.new_empty(len(rows), 0)))
@@ -138,6 +141,7 @@ class Sampler:
         for j, i in enumerate(rows):
             k = seqs[i].params.logprobs
             outputs[i].logprob = sampled[j]
+            outputs[i].rank = ranks[j]
             outputs[i].top_logprobs = list(zip(top_ids[j][:k], top_values[j][:k]))
 
 

@@ -109,3 +109,4 @@ class SampleOutput:
     token_id: int
     logprob: float | None = None                          # of the sampled token (when params.logprobs is not None)
     top_logprobs: list[tuple[int, float]] | None = None   # the params.logprobs most likely (token id, logprob)
+    rank: int | None = None                               # of the sampled token in the vocabulary (1 = likeliest)

@@ -90,7 +90,9 @@ class _Formatter:
         for prompt_idx in sorted(outs):
             for completion in outs[prompt_idx].outputs:
                 index = prompt_idx * self.n + completion.index
-                logprobs, _ = self.logprobs(completion.token_ids, completion.logprobs, 0)
+                entries = None if completion.logprobs is None else \
+                    [{t: lp.logprob for t, lp in entry.items()} for entry in completion.logprobs]
+                logprobs, _ = self.logprobs(completion.token_ids, entries, 0)
                 choices.append(self.final_choice(index, prompt_idx, completion, logprobs))
         choices.sort(key=lambda c: c["index"])
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,

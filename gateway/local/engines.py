@@ -49,6 +49,10 @@ KILL_GRACE_S = 5.0     # after the engine's own drain timeout, before SIGKILL
 MAX_LOG_LINE_BYTES = 16 * 1024   # longer engine log lines are shown cut (`up` is for people to read)
 READY_POLL_S = 0.25    # GET /ready while loading: the status line turns within a quarter second
 
+# `pagedkube serve`'s exit code for a mistake in its flags or model (one line says which): another
+# start would fail the same way, so `up` stops at once before any engine of the run has served.
+USAGE_ERROR = 2
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -67,6 +71,7 @@ class LocalEngine:
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0                      # processes started after the first
     last_exit: str = ""                    # why the previous process ended
+    refused: bool = False                  # it exited with USAGE_ERROR before ready: its flags or model are wrong
     retry_at: float | None = None          # while restarting: when the next process starts
     failed_starts: int = 0                 # processes in a row that ended before ready
     stopping: bool = False
@@ -196,7 +201,8 @@ class LocalEngines:
                 break
             ready_for = None if engine.ready_at is None else time.monotonic() - engine.ready_at
             engine.failed_starts = engine.failed_starts + 1 if ready_for is None else 0
-            if not self.ever_ready and engine.failed_starts >= self.policy.give_up_after:
+            engine.refused = ready_for is None and engine.proc is not None and engine.proc.returncode == USAGE_ERROR
+            if not self.ever_ready and (engine.failed_starts >= self.policy.give_up_after or engine.refused):
                 engine.last_exit = why
                 await self._last_words(engine)
                 self.on_give_up(engine)

@@ -29,7 +29,7 @@ import time
 from pagedkube.gateway.endpoints import EndpointSet
 from pagedkube.gateway.local.config import UpConfig
 from pagedkube.gateway.local.console import ComponentLogHandler, Console
-from pagedkube.gateway.local.engines import READY, RESTARTING, LocalEngine, LocalEngines
+from pagedkube.gateway.local.engines import READY, RESTARTING, USAGE_ERROR, LocalEngine, LocalEngines
 
 
 def curl_line(host: str, port: int, model: str) -> str:
@@ -62,9 +62,13 @@ class Supervisor:
 
     def _on_give_up(self, engine: LocalEngine) -> None:
         self.gave_up = engine
-        self.console.log("up", f"{engine.name} ended {engine.failed_starts} times without getting ready "
-                               f"(last: {engine.last_exit}) and no engine of this run has served: giving up; "
-                               f"its errors are above")
+        if engine.refused:
+            self.console.log("up", f"{engine.name} refused its configuration ({engine.last_exit}): giving up; "
+                                   f"its error is above")
+        else:
+            self.console.log("up", f"{engine.name} ended {engine.failed_starts} times without getting ready "
+                                   f"(last: {engine.last_exit}) and no engine of this run has served: giving up; "
+                                   f"its errors are above")
         self.stop_requested.set()
 
     def _on_engine(self, engine: LocalEngine) -> None:
@@ -85,8 +89,7 @@ class Supervisor:
     async def _progress(self) -> None:
         while True:
             await asyncio.sleep(5.0)
-            if self.console.loading():
-                self.console.print_status()
+            self.console.tick()
 
     async def run(self) -> int:
         from pagedkube.gateway.app import create_app
@@ -151,7 +154,7 @@ class Supervisor:
             if serving.done() and not self.stop_requested.is_set():
                 code = 1   # the gateway could not start or stopped by itself (port in use?)
             if self.gave_up is not None:
-                code = 1
+                code = USAGE_ERROR if self.gave_up.refused else 1
             self.console.log("up", "stopping: gateway first, then draining the engines")
             self.console.set_state("gateway", "draining", f"http://{c.host}:{c.port}")
             server.should_exit = True

@@ -144,8 +144,9 @@ def test_logprobs(setup):
     assert got.token_ids == expected[:3] and len(got.logprobs) == 3
     for token_id, entry in zip(got.token_ids, got.logprobs):
         assert next(iter(entry)) == token_id and len(entry) in (2, 3)
-        assert entry[token_id] == max(entry.values()) and entry[token_id] <= 0
-    assert got.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(got.token_ids, got.logprobs)))
+        assert entry[token_id].logprob == max(lp.logprob for lp in entry.values()) and entry[token_id].logprob <= 0
+        assert entry[token_id].rank == 1      # greedy: the likeliest
+    assert got.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(got.token_ids, got.logprobs)))
 
 
 def test_string_prompt_needs_a_tokenizer(tmp_path):

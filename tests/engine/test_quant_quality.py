@@ -61,7 +61,7 @@ def run(quantization: str, dtype: str = "float32") -> list[tuple[list[int], list
     result = []
     for out in outs:
         c = out.outputs[0]
-        result.append((c.token_ids, [lp[t] for lp, t in zip(c.logprobs, c.token_ids)]))
+        result.append((c.token_ids, [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]))
     return result
 
 

@@ -120,12 +120,16 @@ def test_a_dead_core_and_then_a_wedged_engine_are_each_replaced(tmp_path):
 
 
 def test_an_engine_that_never_gets_ready_stops_up_with_exit_1(tmp_path):
-    """A model file the engine cannot read: every start exits before ready. After
+    """A model whose weights file is corrupt: every start crashes before ready. After
     RestartPolicy.give_up_after such starts, with no engine of the run ever ready, `up`
     says so and exits 1 (instead of restarting for ever), leaving no engine behind."""
-    bad = tmp_path / "broken.gguf"
-    bad.write_bytes(b"GGUF" + bytes(60))
-    up = Up(tmp_path, "--replicas", "1", model=str(bad))
+    import shutil
+
+    from pagedkube.builtin import builtin_model_dir
+    model = tmp_path / "corrupt"
+    shutil.copytree(builtin_model_dir("tiny"), model)
+    (model / "model.safetensors").write_bytes(b"\xff" * 100)
+    up = Up(tmp_path, "--replicas", "1", model=str(model))
     try:
         code = up.proc.wait(RESTART_TIMEOUT_S + 60)
     finally:
@@ -133,9 +137,29 @@ def test_an_engine_that_never_gets_ready_stops_up_with_exit_1(tmp_path):
         up.stop()
     text = up.text()
     assert code == 1, text[-3000:]
-    assert "cannot read GGUF file" in text, text[-3000:]   # the engine's own error is shown
-    assert re.search(r"^up +\| engine-0 ended 3 times without getting ready \(last: exited with code \d+\)"
+    assert "SafetensorError" in text, text[-3000:]   # the engine's own error is shown
+    assert re.search(r"^up +\| engine-0 ended 3 times without getting ready \(last: exited with code 1\)"
                      r" and no engine of this run has served: giving up", text, re.M), text[-3000:]
     assert len(re.findall(r"^engine-0 \| INFO: +Started server process", text, re.M)) <= 3
     assert "all stopped" in text
+    assert not [pid for pid in pids.values() if alive(pid)], f"orphan engines: {pids}"
+
+
+def test_an_engine_that_refuses_its_model_stops_up_at_once_with_exit_2(tmp_path):
+    """A file that is no GGUF: the engine says so in one line and exits 2 (a user's mistake,
+    which another start would repeat), so `up` stops after that one start, with exit 2."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    up = Up(tmp_path, "--replicas", "1", model=str(bad))
+    try:
+        code = up.proc.wait(RESTART_TIMEOUT_S)
+    finally:
+        pids = up.engine_pids()
+        up.stop()
+    text = up.text()
+    assert code == 2, text[-3000:]
+    assert re.search(r"^engine-0 \| pagedkube serve: error: cannot read GGUF file '.*broken\.gguf'", text, re.M)
+    assert re.search(r"^up +\| engine-0 refused its configuration \(exited with code 2\): giving up", text, re.M)
+    assert len(re.findall(r"^engine-0 \| INFO: +Started server process", text, re.M)) == 1
+    assert "Traceback" not in text and "all stopped" in text
     assert not [pid for pid in pids.values() if alive(pid)], f"orphan engines: {pids}"
