@@ -33,11 +33,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pagedkube.hub_model import HubFiles, HubModel, choose_files
+from pagedkube.hub_model import HubFiles, HubModel, choose_files, gguf_architecture
 
 log = logging.getLogger("pagedkube.hub")
 
 PROGRESS_INTERVAL_S = 5.0   # a log line this often while a download runs off a terminal
+# Bytes of a GGUF read first, for its architecture: its metadata starts with general.*; the
+# tokenizer's arrays that follow can be megabytes and are not needed.
+GGUF_HEAD_BYTES = 256 * 1024
 
 
 def log_progress_to_stderr() -> None:
@@ -54,8 +57,11 @@ class HubError(ValueError):
     """A Hub model that cannot be had, said in one line a user can act on."""
 
 
-def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """The local path of `model`: its GGUF file, or its snapshot folder (a Hugging Face directory)."""
+def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None = None,
+                    check_gguf: Callable[[str], None] | None = None) -> Path:
+    """The local path of `model`: its GGUF file, or its snapshot folder (a Hugging Face directory).
+    Before any weight is downloaded, `check_config` sees a checkpoint's config.json and
+    `check_gguf` a GGUF's architecture (both raise ValueError for what the engine cannot serve)."""
     from huggingface_hub import constants
 
     cached = cached_hub_model(model)
@@ -70,7 +76,7 @@ def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], No
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
     try:
-        return _download(model, check_config)
+        return _download(model, check_config, check_gguf)
     except HubError:
         raise
     except ValueError as e:
@@ -100,7 +106,8 @@ def _local_path(folder: Path, files: HubFiles) -> Path:
     return folder / files.gguf if files.gguf else folder
 
 
-def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None) -> Path:
+def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None,
+              check_gguf: Callable[[str], None] | None) -> Path:
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.hf_api import RepoFile
 
@@ -113,6 +120,10 @@ def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | 
     if check_config is not None and "config.json" in files.paths:
         config = Path(hf_hub_download(model.repo_id, "config.json", revision=info.sha))
         check_config(json.loads(config.read_text()))
+    if check_gguf is not None and files.gguf is not None:
+        arch = gguf_architecture(_head(model, info.sha, files.gguf))
+        if arch is not None:
+            check_gguf(arch)
     storage = _storage_folder(model.repo_id)
     snapshot = storage / "snapshots" / info.sha
     missing = {p: sizes[p] for p in files.paths if not (snapshot / p).is_file()}
@@ -125,6 +136,23 @@ def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | 
                                    tqdm_class=None if progress.on_terminal else _silent_tqdm())
     log.info("%s: downloaded %d bytes in %.1f s", model.name, sum(missing.values()), time.monotonic() - start)
     return _local_path(Path(folder), files)
+
+
+def _head(model: HubModel, sha: str, filename: str) -> bytes:
+    """The first GGUF_HEAD_BYTES of a file, by one range request (the rest is never read)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    headers = {**build_hf_headers(), "Range": f"bytes=0-{GGUF_HEAD_BYTES - 1}"}
+    data = bytearray()
+    with get_session().stream("GET", hf_hub_url(model.repo_id, filename, revision=sha), headers=headers,
+                              follow_redirects=True) as response:
+        hf_raise_for_status(response)
+        for chunk in response.iter_bytes():
+            data += chunk
+            if len(data) >= GGUF_HEAD_BYTES:    # a server that ignores Range: stop reading here
+                break
+    return bytes(data[:GGUF_HEAD_BYTES])
 
 
 def _storage_folder(repo_id: str) -> Path:

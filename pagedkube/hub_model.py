@@ -111,3 +111,51 @@ def _gguf(model: HubModel, matching: list[str], ggufs: list[str], quant: str) ->
 
 def _listing(names: list[str]) -> str:
     return ", ".join(names) if names else "none"
+
+
+# GGUF value types (ggml's gguf.h) and the byte sizes of the fixed-size ones.
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def gguf_architecture(head: bytes) -> str | None:
+    """`general.architecture` read from the first bytes of a GGUF file, None when they end
+    before it. The `gguf` package reads whole files (a memory map); this reads a prefix, so a
+    Hub GGUF's architecture is checked from one range request before gigabytes are downloaded.
+    llama.cpp's converters write general.architecture first."""
+    import struct
+
+    if head[:4] != b"GGUF":
+        raise ValueError("not a GGUF file (no GGUF magic)")
+
+    def string(at: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", head, at)
+        if at + 8 + n > len(head):
+            raise struct.error("truncated")
+        return head[at + 8:at + 8 + n].decode("utf-8", "replace"), at + 8 + n
+
+    def skip(kind: int, at: int) -> int:
+        if kind == _GGUF_STRING:
+            return string(at)[1]
+        if kind == _GGUF_ARRAY:
+            item, count = struct.unpack_from("<IQ", head, at)
+            at += 12
+            for _ in range(count):
+                at = skip(item, at)
+                if at > len(head):
+                    raise struct.error("truncated")
+            return at
+        return at + _GGUF_SIZES[kind]
+
+    try:
+        (num_kv,) = struct.unpack_from("<Q", head, 16)   # magic, u32 version, u64 tensors, u64 kv
+        at = 24
+        for _ in range(num_kv):
+            key, at = string(at)
+            (kind,) = struct.unpack_from("<I", head, at)
+            if key == "general.architecture" and kind == _GGUF_STRING:
+                return string(at + 4)[0]
+            at = skip(kind, at + 4)
+    except (struct.error, KeyError):
+        return None
+    return None

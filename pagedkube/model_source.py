@@ -97,10 +97,12 @@ def packaged_model_path(name: str) -> Path:
 
 
 def resolve_model_source(model: str | Path | None,
-                         check_config: Callable[[dict[str, Any]], None] | None = None) -> ModelSource:
+                         check_config: Callable[[dict[str, Any]], None] | None = None,
+                         check_gguf: Callable[[str], None] | None = None) -> ModelSource:
     """Maps a --model value to a local directory or GGUF file; ValueError when there is none.
     A Hub name is fetched into huggingface_hub's cache (pagedkube.hub_download), and
-    `check_config` sees its config.json before any weight is downloaded."""
+    `check_config` (a checkpoint's config.json) and `check_gguf` (a GGUF's architecture) see
+    it before any weight is downloaded."""
     if model is None or model == "":
         model = DEFAULT_MODEL
     if not isinstance(model, (str, Path)):
@@ -118,7 +120,7 @@ def resolve_model_source(model: str | Path | None,
     if hub is not None:
         from pagedkube.hub_download import fetch_hub_model
 
-        return ModelSource(fetch_hub_model(hub, check_config), hub.name)
+        return ModelSource(fetch_hub_model(hub, check_config, check_gguf), hub.name)
     if path.is_file():
         with open(path, "rb") as f:
             if f.read(4) != GGUF_MAGIC:

@@ -111,14 +111,13 @@ def resolve_model(model: str | None) -> Path:
     be served ends with one line and exit code 2: a Hub model is downloaded (or found in the
     cache; the engine core then finds it there without a Hub request, pagedkube/hub_download.py),
     a path is checked, a GGUF's architecture is read. Its local path."""
+    from pagedkube.engine.gguf.config import check_gguf_architecture, gguf_config
+    from pagedkube.engine.gguf.reader import GGUFFile
     from pagedkube.engine.model_config import check_hub_config
     from pagedkube.model_source import resolve_model_source
 
-    source = resolve_model_source(model, check_hub_config)
+    source = resolve_model_source(model, check_hub_config, check_gguf_architecture)
     if source.is_gguf:
-        from pagedkube.engine.gguf.config import gguf_config
-        from pagedkube.engine.gguf.reader import GGUFFile
-
         gguf_config(GGUFFile(source.path))
     return source.path
 

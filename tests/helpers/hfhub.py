@@ -60,6 +60,7 @@ class HubServer:
     def __init__(self, repos: HubRepo | Iterable[HubRepo], host: str = "127.0.0.1", port: int = 0):
         self.repos = {r.repo_id: r for r in ([repos] if isinstance(repos, HubRepo) else repos)}
         self.requests: list[tuple[str, str]] = []
+        self.sent: dict[str, int] = {}      # path -> bytes of file content sent (a Range GET sends part)
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, port), _handler(self))
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -85,9 +86,18 @@ class HubServer:
         with self._lock:
             return list(self.requests)
 
+    def seen_bytes(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.sent)
+
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.sent.clear()
+
+    def count_sent(self, path: str, n: int) -> None:
+        with self._lock:
+            self.sent[path] = self.sent.get(path, 0) + n
 
     def repo_of(self, path: str) -> HubRepo | None:
         """The repo a request path names (/api/models/ORG/NAME... or /ORG/NAME/resolve/...)."""
@@ -96,6 +106,14 @@ class HubServer:
         name, _, rest = rest.partition("/")
         repo = self.repos.get(f"{org}/{name}")
         return repo if repo is not None and (api or rest.startswith("resolve/")) else None
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int | None, int]:
+    """A `Range: bytes=FIRST-[LAST]` header as (first, last), or (None, size - 1) without one."""
+    if not header or not header.startswith("bytes="):
+        return None, size - 1
+    first, _, last = header[len("bytes="):].partition("-")
+    return int(first), min(int(last) if last else size - 1, size - 1)
 
 
 def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
@@ -134,9 +152,16 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 _rev, _, name = path[len(resolve):].partition("/")
                 f = repo.files.get(name)
                 if f is not None:
+                    headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{f.git_oid}"', "Accept-Ranges": "bytes"}
                     data = (repo.folder / f.path).read_bytes() if body else b""
-                    return self._send(200, data, "application/octet-stream", f.size,
-                                      {"X-Repo-Commit": repo.sha, "ETag": f'"{f.git_oid}"'})
+                    first, last = _byte_range(self.headers.get("Range"), f.size)
+                    if first is None:
+                        server.count_sent(path, len(data))
+                        return self._send(200, data, "application/octet-stream", f.size, headers)
+                    data = data[first:last + 1]
+                    server.count_sent(path, len(data))
+                    return self._send(206, data, "application/octet-stream", last + 1 - first,
+                                      {**headers, "Content-Range": f"bytes {first}-{last}/{f.size}"})
             return self._json({"error": f"{path} not found"}, body, status=404,
                               headers={"X-Error-Code": "EntryNotFound"})
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkube.hub_model import HubFiles, HubModel, choose_files, parse_hub_model, quant_matches
+from pagedkube.hub_model import HubFiles, HubModel, choose_files, gguf_architecture, parse_hub_model, quant_matches
 from pagedkube.model_source import model_name
 
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -73,3 +73,13 @@ def test_what_a_repo_lacks_is_named_with_what_it_has() -> None:
 def test_quant_tags_match_whole() -> None:
     assert quant_matches("m.Q4_K_M.gguf", "q4_k_m") and not quant_matches("m.Q4_K_M.gguf", "Q4_K")
     assert not quant_matches("m.IQ4_XS.gguf", "Q4_XS") and quant_matches("m-IQ4_XS.gguf", "iq4_xs")
+
+
+def test_a_gguf_names_its_architecture_in_its_first_bytes(tmp_path) -> None:
+    from gguf_factory import write_tiny_gguf
+
+    data = write_tiny_gguf(tmp_path / "t.gguf", "qwen2", "Q8_0").read_bytes()
+    assert gguf_architecture(data[:4096]) == "qwen2"
+    assert gguf_architecture(data[:40]) is None          # cut before the value: unknown, not an error
+    with pytest.raises(ValueError, match="no GGUF magic"):
+        gguf_architecture(b"\x00" * 64)

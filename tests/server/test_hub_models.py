@@ -18,6 +18,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from pagedkube.hub_download import GGUF_HEAD_BYTES
+
 from gguf_factory import write_tiny_gguf
 from hfhub import HubRepo, HubServer
 from model_factory import BUILTIN_TINY
@@ -30,6 +32,7 @@ GGUFS = f"{ORG}/tiny-gguf"         # two quants of a tiny llama GGUF
 GATED = f"{ORG}/gated-chat"
 GPT2 = f"{ORG}/gpt2-shaped"        # an architecture the engine does not implement
 HUGE = f"{ORG}/huge-chat"          # claims a petabyte of weights
+GEMMA = f"{ORG}/gemma-gguf"        # a GGUF of an architecture the engine does not implement
 ENGINE_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                 "tokenizer_config.json"}   # the toy's files but README.md
 Q4_1_FILE, Q8_0_FILE = "tiny-chat.Q4_1.gguf", "tiny-chat.Q8_0.gguf"
@@ -47,12 +50,29 @@ def hub(tmp_path_factory):
     gpt2.mkdir()
     (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     (gpt2 / "model.safetensors").write_bytes(b"\0" * 4096)
+    gemma = root / "gemma"
+    gemma.mkdir()
+    write_foreign_gguf(gemma / "gemma.F32.gguf", "gemma3")
     huge = HubRepo.of(HUGE, BUILTIN_TINY)
     huge.files["model.safetensors"] = replace(huge.files["model.safetensors"], size=10**15)
     server = HubServer([HubRepo.of(CHAT, BUILTIN_TINY), HubRepo.of(GGUFS, gguf_dir),
-                        HubRepo.of(GATED, BUILTIN_TINY, gated=True), HubRepo.of(GPT2, gpt2), huge]).start()
+                        HubRepo.of(GATED, BUILTIN_TINY, gated=True), HubRepo.of(GPT2, gpt2), huge,
+                        HubRepo.of(GEMMA, gemma)]).start()
     yield server
     server.close()
+
+
+def write_foreign_gguf(path: Path, arch: str) -> None:
+    """A GGUF whose metadata says `arch`, with 1 MiB of weights: more than the header read."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tensor("token_embd.weight", np.zeros((512, 512), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def hub_env(hub: HubServer, home: Path, **extra: str) -> dict[str, str]:
@@ -62,8 +82,13 @@ def hub_env(hub: HubServer, home: Path, **extra: str) -> dict[str, str]:
 
 
 def downloads(hub: HubServer) -> list[str]:
-    """The files the mirror sent (GETs of /ORG/NAME/resolve/REV/FILE), as ORG/NAME/FILE."""
-    return sorted(re.sub(r"/resolve/[^/]+/", "/", p) for m, p in hub.seen() if m == "GET" and "/resolve/" in p)
+    """The files the mirror sent (GETs of /ORG/NAME/resolve/REV/FILE), as /ORG/NAME/FILE, once each."""
+    return sorted({re.sub(r"/resolve/[^/]+/", "/", p) for m, p in hub.seen() if m == "GET" and "/resolve/" in p})
+
+
+def bytes_sent(hub: HubServer) -> dict[str, int]:
+    """/ORG/NAME/FILE -> bytes of it the mirror sent."""
+    return {re.sub(r"/resolve/[^/]+/", "/", p): n for p, n in hub.seen_bytes().items()}
 
 
 def chat(server: ServerProcess) -> tuple[list[str], str]:
@@ -114,8 +139,8 @@ def test_a_gguf_in_a_hub_repo_by_its_quant_downloads_only_that_file(hub, tmp_pat
     finally:
         first.stop()
     assert models == [f"{GGUFS}:q4_1"]
-    assert downloads(hub) == [f"/{GGUFS}/{Q4_1_FILE}"]
     size = (hub.repos[GGUFS].folder / Q4_1_FILE).stat().st_size
+    assert bytes_sent(hub) == {f"/{GGUFS}/{Q4_1_FILE}": GGUF_HEAD_BYTES + size}   # its head, then all of it
     assert f"{GGUFS}:q4_1: downloaded {size} bytes in " in first.log()
     hub.clear()
     again = serve(tmp_path, "again", f"{GGUFS}:q4_1", env)
@@ -141,8 +166,9 @@ def run_cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     (f"{GGUFS}:Q5_K", {}, f"{GGUFS}:Q5_K: {GGUFS} has no GGUF file for Q5_K; name one of "
                           f"{Q4_1_FILE}, {Q8_0_FILE} as "),
     ("/no/such/model-dir", {}, "model '/no/such/model-dir' is not a model name "),   # a local path, too
+    (GEMMA, {}, f"{GEMMA}: unsupported GGUF architecture 'gemma3'; supported: llama, qwen2"),
 ], ids=["unknown-repo", "gated-without-token", "no-network", "offline-cold-cache", "unsupported-architecture",
-        "disk-full", "no-such-quant", "no-such-path"])
+        "disk-full", "no-such-quant", "no-such-path", "unsupported-gguf-architecture"])
 def test_a_model_that_cannot_be_had_is_one_line_and_exit_code_2(hub, tmp_path, model, extra, message) -> None:
     port = str(free_port())
     extra = {k: v.replace("PORT", port) for k, v in extra.items()}
@@ -154,7 +180,8 @@ def test_a_model_that_cannot_be_had_is_one_line_and_exit_code_2(hub, tmp_path, m
     assert "Traceback" not in out
     assert errors == [line for line in errors if line.startswith("pagedkube serve: error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"pagedkube serve: error: {message.replace('PORT', port)}"), out
-    assert not any(p.endswith((".safetensors", ".gguf")) for p in downloads(hub))   # no weights fetched
+    # No weights fetched: at most a GGUF's head, read for its architecture.
+    assert {p: n for p, n in hub.seen_bytes().items() if p.endswith(".safetensors") or n > GGUF_HEAD_BYTES} == {}
 
 
 def test_a_token_opens_a_gated_repo_and_generate_takes_a_hub_name(hub, tmp_path) -> None:
@@ -176,7 +203,7 @@ def test_download_fetches_and_converts_once_and_reports_an_error_for_the_pod_sta
     assert done.returncode == 0, done.stderr
     path = Path(done.stdout.strip())
     assert path.name == Q8_0_FILE and path.read_bytes() == (hub.repos[GGUFS].folder / Q8_0_FILE).read_bytes()
-    assert downloads(hub) == [f"/{GGUFS}/{Q8_0_FILE}"]
+    assert downloads(hub) == [f"/{GGUFS}/{Q8_0_FILE}"]      # (its head first, for the architecture)
     assert len(list((tmp_path / "pagedkube" / "gguf").glob("*-v*/done.json"))) == 1
     hub.clear()
     again = run_cli("download", f"{GGUFS}/{Q8_0_FILE}", env=env)
