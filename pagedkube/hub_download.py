@@ -64,7 +64,7 @@ def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], No
     `check_gguf` a GGUF's architecture (both raise ValueError for what the engine cannot serve)."""
     from huggingface_hub import constants
 
-    cached = cached_hub_model(model)
+    cached = cached_hub_model(model, offline=constants.HF_HUB_OFFLINE)
     if cached is not None:
         log.info("%s: using the cached %s (no Hub request)", model.name, cached)
         return cached
@@ -87,19 +87,36 @@ def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], No
         raise HubError(hub_error_message(model, e)) from None
 
 
-def cached_hub_model(model: HubModel) -> Path | None:
-    """The model's path when the cache holds every file of it we read, else None (no network)."""
+def cached_hub_model(model: HubModel, offline: bool = False) -> Path | None:
+    """The model's path when the cache holds every file of it we read, else None (no network).
+
+    Complete means: the revision's commit (refs/), that commit's file listing as huggingface_hub
+    cached it (trees/, written by snapshot_download since 1.x), every file we read present.
+    A snapshot without a cached listing (made by an older huggingface_hub, or by hand) cannot be
+    called complete: online it is refreshed once through the Hub (which writes the listing);
+    `offline`, the snapshot's own files stand in for the listing, as huggingface_hub does."""
     from huggingface_hub import get_cached_repo_tree, snapshot_download
     from huggingface_hub.errors import CachedRepoTreeNotFoundError, LocalEntryNotFoundError
 
     try:
-        tree = get_cached_repo_tree(model.repo_id, revision=model.revision)
-        files = choose_files(model, [f.path for f in tree])
-        folder = snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(files.paths),
-                                   local_files_only=True)
-    except (CachedRepoTreeNotFoundError, LocalEntryNotFoundError, ValueError):
+        try:
+            listing = [f.path for f in get_cached_repo_tree(model.repo_id, revision=model.revision)]
+        except CachedRepoTreeNotFoundError:
+            if not offline:
+                return None
+            listing = None
+        if listing is None:      # no listing to check against: snapshot_download returns the folder as it is
+            folder = Path(snapshot_download(model.repo_id, revision=model.revision, local_files_only=True))
+            files = choose_files(model, [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()])
+        else:                    # raises IncompleteSnapshotError unless every file we read is there
+            files = choose_files(model, listing)
+            folder = Path(snapshot_download(model.repo_id, revision=model.revision,
+                                            allow_patterns=list(files.paths), local_files_only=True))
+        if not all((folder / p).is_file() for p in files.paths):
+            return None
+    except (LocalEntryNotFoundError, ValueError):
         return None
-    return _local_path(Path(folder), files)
+    return _local_path(folder, files)
 
 
 def _local_path(folder: Path, files: HubFiles) -> Path:
@@ -120,21 +137,33 @@ def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | 
     if check_config is not None and "config.json" in files.paths:
         config = Path(hf_hub_download(model.repo_id, "config.json", revision=info.sha))
         check_config(json.loads(config.read_text()))
-    if check_gguf is not None and files.gguf is not None:
-        arch = gguf_architecture(_head(model, info.sha, files.gguf))
-        if arch is not None:
-            check_gguf(arch)
     storage = _storage_folder(model.repo_id)
     snapshot = storage / "snapshots" / info.sha
+    if check_gguf is not None and files.gguf is not None:
+        local = snapshot / files.gguf
+        if local.is_file():
+            with open(local, "rb") as f:
+                head = f.read(GGUF_HEAD_BYTES)
+        else:
+            head = _head(model, info.sha, files.gguf)
+        arch = gguf_architecture(head)
+        if arch is not None:
+            check_gguf(arch)
     missing = {p: sizes[p] for p in files.paths if not (snapshot / p).is_file()}
     _check_disk(model, storage, sum(missing.values()))
-    log.info("%s: downloading %d file(s), %d bytes (%s) of commit %s into %s", model.name, len(missing),
-             sum(missing.values()), _human(sum(missing.values())), info.sha[:12], storage)
+    need = sum(missing.values())
+    if missing:
+        log.info("%s: downloading %d file(s), %d bytes (%s) of commit %s into %s", model.name, len(missing),
+                 need, _human(need), info.sha[:12], storage)
+    else:
+        log.info("%s: every file of commit %s is in the cache %s; recording its listing", model.name,
+                 info.sha[:12], storage)
     start = time.monotonic()
-    with ProgressLog(model.name, storage / "blobs", sum(missing.values())) as progress:
+    with ProgressLog(model.name, storage / "blobs", need) as progress:
         folder = snapshot_download(model.repo_id, revision=model.revision, allow_patterns=list(files.paths),
                                    tqdm_class=None if progress.on_terminal else _silent_tqdm())
-    log.info("%s: downloaded %d bytes in %.1f s", model.name, sum(missing.values()), time.monotonic() - start)
+    if missing:
+        log.info("%s: downloaded %d bytes in %.1f s", model.name, need, time.monotonic() - start)
     return _local_path(Path(folder), files)
 
 

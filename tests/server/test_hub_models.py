@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -213,3 +214,22 @@ def test_download_fetches_and_converts_once_and_reports_an_error_for_the_pod_sta
     assert failed.returncode == 2
     assert failed.stderr.strip().splitlines()[-1].startswith(f"pagedkube download: error: {GATED} is a gated repo")
     assert termination.read_text().startswith(f"{GATED} is a gated repo: accept its terms")
+
+
+def test_a_snapshot_without_huggingface_hubs_file_listing_serves_offline(hub, tmp_path) -> None:
+    """A cache made by an older huggingface_hub (no trees/<commit>.json): offline its files stand
+    in for the listing; online it is checked once against the Hub, without downloading again."""
+    env = hub_env(hub, tmp_path)
+    first = run_cli("download", CHAT, env=env)
+    assert first.returncode == 0, first.stderr
+    (trees,) = (tmp_path / "hf" / "hub").glob("models--*tiny-chat/trees")
+    shutil.rmtree(trees)
+    hub.clear()
+    offline = run_cli("download", CHAT, env={**env, "HF_HUB_OFFLINE": "1"})
+    assert (offline.returncode, offline.stdout, hub.seen()) == (0, first.stdout, []), offline.stderr
+    online = run_cli("download", CHAT, env=env)
+    assert (online.returncode, online.stdout) == (0, first.stdout), online.stderr
+    assert hub.seen() and not [p for p in downloads(hub) if p.endswith(".safetensors")]
+    assert trees.is_dir()                                   # written again: the next start asks nothing
+    hub.clear()
+    assert run_cli("download", CHAT, env=env).returncode == 0 and hub.seen() == []
