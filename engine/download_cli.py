@@ -28,12 +28,12 @@ def add_download_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_download(args: argparse.Namespace) -> int:
     from pagedkube.engine.server.serve_cli import resolve_model
     from pagedkube.hub_download import log_progress_to_stderr
-    from pagedkube.hub_model import parse_hub_model
+    from pagedkube.model_source import hub_model_of
 
     log_progress_to_stderr()
     model = args.model_tag or args.model
     try:
-        if not model or parse_hub_model(model) is None:
+        if hub_model_of(model) is None:
             raise ValueError(f"{model!r} is not a Hugging Face Hub model name (ORG/NAME, ORG/NAME:QUANT, "
                              f"ORG/NAME/FILE.gguf, each with an optional @REVISION)")
         path = resolve_model(model)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pagedkube.builtin import BUILTIN_MODELS, BUILTIN_SCHEME, builtin_model_dir
-from pagedkube.hub_model import parse_hub_model
+from pagedkube.hub_model import HubModel, parse_hub_model
 
 GGUF_MAGIC = b"GGUF"
 GGUF_SUFFIX = ".gguf"
@@ -116,7 +116,7 @@ def resolve_model_source(model: str | Path | None,
     if isinstance(model, str) and model in NAMED_MODELS:
         return ModelSource(packaged_model_path(model), model)
     path = Path(model).expanduser()
-    hub = parse_hub_model(model) if isinstance(model, str) and not path.exists() else None
+    hub = hub_model_of(model)
     if hub is not None:
         from pagedkube.hub_download import fetch_hub_model
 
@@ -135,10 +135,15 @@ def resolve_model_source(model: str | Path | None,
     return ModelSource(path.absolute(), path.absolute().name)
 
 
+def hub_model_of(model: str | Path | None) -> HubModel | None:
+    """The Hub model a --model value names, None when it names something else (a local path
+    that exists wins over a repo id that reads the same)."""
+    if isinstance(model, str) and not Path(model).expanduser().exists():
+        return parse_hub_model(model)
+    return None
+
+
 def model_name(model: str | Path | None) -> str:
     """The served name of a --model value, without fetching a Hub model (its repo id)."""
-    if isinstance(model, str) and not Path(model).expanduser().exists():
-        hub = parse_hub_model(model)
-        if hub is not None:
-            return hub.name
-    return resolve_model_source(model).name
+    hub = hub_model_of(model)
+    return hub.name if hub is not None else resolve_model_source(model).name

@@ -18,6 +18,7 @@ from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.engine.server.sampling_defaults import read_generation_config
+from pagedkube.model_source import hub_model_of
 from pagedkube.observability import add_observability_args, observability_from_args
 from pagedkube.tokenizer import load_chat_template
 
@@ -107,10 +108,10 @@ def port_unavailable(host: str, port: int) -> str | None:
 
 
 def resolve_model(model: str | None) -> Path:
-    """--model resolved in the CLI's process, before the engine starts, so that a model that cannot
-    be served ends with one line and exit code 2: a Hub model is downloaded (or found in the
-    cache; the engine core then finds it there without a Hub request, pagedkube/hub_download.py),
-    a path is checked, a GGUF's architecture is read. Its local path."""
+    """--model resolved in the CLI's process, before the engine starts: a Hub model is downloaded
+    (or found in the cache; the engine core then finds it there without a Hub request,
+    pagedkube/hub_download.py) and a GGUF's architecture read, so that one that cannot be served
+    ends with one line and exit code 2 before anything loads. Its local path."""
     from pagedkube.engine.gguf.config import check_gguf_architecture, gguf_config
     from pagedkube.engine.gguf.reader import GGUFFile
     from pagedkube.engine.model_config import check_hub_config
@@ -136,7 +137,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
         return 2
     try:
-        resolve_model(config.engine.model)
+        if hub_model_of(config.engine.model) is not None:   # local paths: the engine's build says (one line)
+            resolve_model(config.engine.model)
     except ValueError as exc:
         if args.log_level == "debug":
             logger.exception("the model cannot be served")
