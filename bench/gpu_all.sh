@@ -14,10 +14,12 @@
 # 7. CUDA graphs of the decode step (--decode-capture on, buckets 1/2/4/8): tests/engine/test_decode_capture.py
 #    (captured ids == eager ids on CUDA) and bench/decode_capture.py --device cuda (ITL and tok/s at 1
 #    and 8 clients, eager vs graphs, capture time per bucket).
+# 8. bench/tp_step.py --device cuda: a tensor-parallel decode step at TP 2/4/8 against TP 1 (NCCL),
+#    for each size this machine has the GPUs for; skipped with one GPU.
 # Each step has its own time limit and a failure does not stop the later steps; the exit
 # status is non-zero when any step failed. Copy the summary into docs/benchmarks.md.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 RESULTS=${OUT:-bench/out}/gpu-$(date -u +%Y%m%dT%H%M%SZ)
@@ -50,6 +52,20 @@ step quant_kernels 300 "$PY" bench/quant_kernels.py --device cuda --out "$RESULT
 step decode_step 300 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
 step decode_capture_tests 420 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_decode_capture.py -k cuda
 step decode_capture 420 "$PY" bench/decode_capture.py --device cuda --threads 8 --sizes 1 2 4 8 --rounds 5
+
+# 8. tensor parallelism over NCCL: bench/tp_step.py at TP 1 and each of 2, 4, 8 that the GPUs allow
+#    (head_dim 64, 8 KV heads so that TP 8 splits them), batch 1, 32 and 256
+NUM_GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+TP_SIZES=(1)
+for n in 2 4 8; do
+    if [ "$NUM_GPUS" -ge "$n" ]; then TP_SIZES+=("$n"); fi
+done
+if [ "${#TP_SIZES[@]}" -gt 1 ]; then
+    step tp_step 600 "$PY" bench/tp_step.py --device cuda --dtype bfloat16 --hidden 1024 --heads 16 --kv-heads 8 \
+        --layers 24 --threads 8 --tp "${TP_SIZES[@]}" --batch 1 32 256
+else
+    echo "== tp_step: skipped ($NUM_GPUS GPU(s); tensor parallelism needs 2 or more)" | tee -a "$SUMMARY"
+fi
 
 echo "results: $RESULTS (exit $status)" | tee -a "$SUMMARY"
 exit $status

@@ -32,6 +32,8 @@ never imports torch. Hence the lazy attributes below.
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)
     quant/               packed int8/int4 weights and their matmuls
+    distributed/         tensor parallelism: sharded layers, worker processes, collectives
+    lora/                LoRA adapters: PEFT files, per-slot deltas batched in one step
     structured/          structured outputs: grammar bitmasks over the logits (xgrammar)
     gguf/                GGUF files: metadata, tensors, tokenizer
     server/              `pagedkube serve`: the OpenAI-compatible server
@@ -40,10 +42,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
+           "Logprob"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,9 @@ DEFAULT_DECODE_CAPTURE_SIZES = (1, 2, 4, 8)
 # (docs/benchmarks.md "Structured outputs: backend"); the only one built in for now.
 STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar")
 MAX_DECODE_CAPTURE_SIZES = 8
+# vLLM's default of 10 minutes for an NCCL collective, halved: a CPU prefill chunk of 2,048 tokens
+# on a 70B model is the longest step we expect, and a hung worker should fail its requests sooner
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 300.0
 
 
 @dataclass(slots=True)
@@ -52,6 +55,17 @@ class EngineConfig:
     # docs/benchmarks.md "Structured outputs").
     grammar_compile_timeout: float = 10.0
     structured_outputs_backend: str = "auto"   # one of STRUCTURED_OUTPUTS_BACKENDS
+    # Ranks of one tensor-parallel engine (engine/distributed/): this process and N - 1 workers it starts
+    tensor_parallel_size: int = 1
+    # A collective of a tensor-parallel step that waits longer than this fails the engine (a hung
+    # worker); generous, because the first step after start-up also waits for the slowest rank
+    distributed_timeout: float = DEFAULT_DISTRIBUTED_TIMEOUT_S
+    # LoRA adapters (engine/lora/): vLLM's flags and defaults, except the rank cap: 64 (vLLM: 16)
+    # covers the ranks published fine-tunes use (8-64) at (in + out) x 64 floats per projection and slot
+    enable_lora: bool = False
+    max_loras: int = 1                  # adapters resident in one step's slots (vLLM's default)
+    max_lora_rank: int = 64
+    max_cpu_loras: int | None = None    # adapters kept in host memory (LRU); None = max_loras, as vLLM
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -90,5 +104,22 @@ class EngineConfig:
                              f"got {self.structured_outputs_backend!r}")
         if not isinstance(self.grammar_compile_timeout, (int, float)) or not self.grammar_compile_timeout > 0:
             raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {self.grammar_compile_timeout!r}")
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int)
+                                               or self.max_cpu_loras < self.max_loras):
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras!r}) must be >= max_loras ({self.max_loras})")
+        if self.enable_lora and self.decode_capture == "on":
+            raise ValueError("decode_capture 'on' does not capture LoRA steps yet: use it without enable_lora")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
+        if not isinstance(self.distributed_timeout, (int, float)) or not self.distributed_timeout > 0:
+            raise ValueError(f"distributed_timeout must be > 0 seconds, got {self.distributed_timeout!r}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters are not sharded for tensor parallelism yet: use enable_lora with "
+                             "tensor_parallel_size 1")

@@ -35,6 +35,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quantization", default=default_of(EngineConfig, "quantization"), choices=QUANTIZATIONS,
                    help="auto (a GGUF file's types as stored), none, int8 or int4 (default auto)")
     p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=default_of(EngineConfig, "tensor_parallel_size"),
+                   help="ranks of the engine (worker processes it starts; docs/engine.md \"Tensor parallelism\")")
     add_decode_capture_args(p)
     p.set_defaults(func=run_generate)
     return p
@@ -50,7 +52,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
         llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
                   quantization=args.quantization, decode_capture=args.decode_capture,
-                  decode_capture_sizes=args.decode_capture_sizes)
+                  decode_capture_sizes=args.decode_capture_sizes, tensor_parallel_size=args.tensor_parallel_size)
         prompt: str | list[int] = args.prompt
         if args.chat:
             tokenizer = llm.get_tokenizer()

@@ -7,7 +7,8 @@ A sequence's blocks cover its computed tokens plus the tokens scheduled this ste
     block_table:  [  b7    ,  b2    ,   b9   ,  b4  ]
 
 Full, computed blocks are registered in the pool under the chained hash of
-pagedkube.hashing (seed = EngineConfig.hash_seed, salt = seq.cache_salt), so a
+pagedkube.hashing (seed = EngineConfig.hash_seed, salt = seq.cache_salt, the LoRA
+adapter's name in every block of an adapter's request), so a
 later sequence with the same salted prefix reuses them instead of recomputing.
 Torch-free.
 """
@@ -55,7 +56,7 @@ class KVCacheManager:
         if len(hashes) < seq.num_tokens // self.block_size:
             hashes.extend(block_hashes(
                 seq.token_ids, self.block_size, seed=self.hash_seed, cache_salt=seq.cache_salt,
-                parent=hashes[-1] if hashes else None, start_block=len(hashes)))
+                parent=hashes[-1] if hashes else None, start_block=len(hashes), lora_name=seq.lora_name))
         return hashes
 
     def get_computed_blocks(self, seq: Sequence) -> list[KVCacheBlock]:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence, cast
 
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.llm_engine import LLMEngine
+from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.outputs import OutputAccumulator, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
 
@@ -67,13 +68,16 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, cache_salt: str | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+                 *, cache_salt: str | None = None, use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in input order.
 
         Prompts: one string, a list of strings, one list of token ids or a list of
         them. Every prompt is validated before any runs, so a bad one raises
         ValueError and nothing was queued. `use_tqdm`: a progress bar of finished
-        prompts on a terminal (vLLM's default; never in logs or pipes).
+        prompts on a terminal (vLLM's default; never in logs or pipes). `lora_request`:
+        the adapter of every prompt, or a list with one per prompt (None: the base model),
+        as in vLLM; needs LLM(..., enable_lora=True).
         """
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                               and all(isinstance(t, int) for t in prompts))
@@ -86,16 +90,22 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} lora_requests for {len(prompts)} prompts")
+        for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras)):
             try:
-                self.engine.check_request(prompt, p)
+                self.engine.check_request(prompt, p, lora)
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         results: dict[str, OutputAccumulator] = {}
-        for prompt, p in zip(prompts, params):
+        for prompt, p, lora in zip(prompts, params, loras):
             request_id = f"llm-{self._num_requests}"
             self._num_requests += 1
-            token_ids = self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt)
+            token_ids = self.engine.add_request(request_id, prompt, p, cache_salt=cache_salt, lora_request=lora)
             results[request_id] = OutputAccumulator(request_id, prompt if isinstance(prompt, str) else None,
                                                     token_ids, self._decode_token())
         return self._run(results, _progress(len(results), use_tqdm))

@@ -20,6 +20,7 @@ from typing import Callable
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.kv_cache_manager import KVCacheManager
 from pagedkube.engine.kv_events import KVEventLog
+from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.output_processor import RequestState
 from pagedkube.engine.outputs import RequestDelta, RequestOutput
 from pagedkube.engine.sampling_params import SamplingParams
@@ -40,6 +41,9 @@ class EngineStats:
     num_kv_blocks: int
     num_free_blocks: int
     num_captured_steps: int = 0    # cumulative: decode steps run through the captured program (decode_capture.py)
+    running_lora_adapters: tuple[str, ...] = ()   # names of the adapters of running / waiting sequences
+    waiting_lora_adapters: tuple[str, ...] = ()
+    num_lora_slot_loads: int = 0   # cumulative: adapters copied into a device slot (engine/lora/manager.py)
 
 
 # While only grammars are compiling, a step waits this long for one (instead of spinning).
@@ -88,7 +92,8 @@ class LLMEngine:
         self.runner.sampler.eos_token_ids = self.eos_token_ids
         self.scheduler = Scheduler(self.kv_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                   max_model_len=self.max_model_len, eos_token_ids=eos_ids)
+                                   max_model_len=self.max_model_len, eos_token_ids=eos_ids,
+                                   max_loras=config.max_loras if config.enable_lora else None)
         self._requests: dict[str, RequestState] = {}
         self.structured = StructuredOutputManager(self._make_grammar_compiler, config.grammar_compile_timeout)
         self._errors: list[RequestDelta] = []     # requests that failed outside a step (their grammar)
@@ -121,8 +126,44 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         return token_ids
 
-    def check_request(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ------------------
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter into host memory now (AdapterError, a ValueError, if it cannot
+        be served), so its first request does not pay the load; True when done."""
+        self.check_lora(lora_request)
+        return True
+
+    def check_lora(self, lora_request: LoRARequest | None) -> None:
+        if lora_request is None:
+            return
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if self.runner.lora is None:
+            raise ValueError(f"adapter {lora_request.lora_name!r} requested, but LoRA is not enabled "
+                             "(enable_lora=True / --enable-lora)")
+        self.runner.lora.get(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter from host memory and its slot. Requests still running under it finish:
+        they carry their LoRARequest, and the adapter is read again if a step needs it."""
+        lora = self.runner.lora
+        if lora is None or lora_int_id not in self.list_loras():
+            return False
+        in_use = any(s.lora_request is not None and s.lora_request.lora_int_id == lora_int_id
+                     for s in (*self.scheduler.running, *self.scheduler.waiting))
+        if not in_use:
+            lora.forget(lora_int_id)
+        return True
+
+    def list_loras(self) -> set[int]:
+        lora = self.runner.lora
+        return set() if lora is None else set(lora._cpu) | set(lora.resident())
+
+    def check_request(self, prompt: str | list[int], params: SamplingParams,
+                      lora_request: LoRARequest | None = None) -> list[int]:
         """Everything add_request validates, without queueing; returns the token ids."""
+        self.check_lora(lora_request)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         token_ids = self.tokenize_prompt(prompt)
@@ -137,7 +178,8 @@ class LLMEngine:
         return token_ids
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    *, cache_salt: str | None = None, group: str | None = None) -> list[int]:
+                    *, cache_salt: str | None = None, group: str | None = None,
+                    lora_request: LoRARequest | None = None) -> list[int]:
         """Queues a request; returns its prompt token ids (ValueError if it can never run)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id must be a non-empty string")
@@ -145,9 +187,9 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r} is already running")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError("cache_salt must be a string")
-        token_ids = self.check_request(prompt, params)
-        seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt, group=group)
-                for i in range(params.n)]
+        token_ids = self.check_request(prompt, params, lora_request)
+        seqs = [Sequence(request_id, token_ids, params, sample_index=i, cache_salt=cache_salt, group=group,
+                         lora_request=lora_request) for i in range(params.n)]
         if params.structured_outputs is None or self.structured.submit(request_id, seqs):
             self.scheduler.add_request(seqs)
         self._requests[request_id] = RequestState.create(
@@ -225,11 +267,26 @@ class LLMEngine:
                 del self._requests[request_id]
         return list(touched.values())
 
+    def check_workers(self) -> None:
+        """WorkerFailed if a tensor-parallel worker has exited (a no-op at TP=1)."""
+        self.runner.check_workers()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers, if any; the engine cannot step after it."""
+        self.runner.shutdown()
+
     def stats(self) -> EngineStats:
         kv = self.kv_manager
+        lora: dict = {}
+        if self.runner.lora is not None:
+            sched = self.scheduler
+            lora = dict(running_lora_adapters=tuple(sorted({s.lora_name for s in sched.running} - {None})),
+                        waiting_lora_adapters=tuple(sorted({s.lora_name for s in sched.waiting} - {None})),
+                        num_lora_slot_loads=self.runner.lora.num_slot_loads)
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits, num_preemptions=self.scheduler.num_preemptions,
             num_kv_blocks=kv.pool.num_blocks, num_free_blocks=kv.num_free_blocks,
-            num_captured_steps=self.runner.decode_capture.num_captured_steps if self.runner.decode_capture else 0)
+            num_captured_steps=self.runner.decode_capture.num_captured_steps if self.runner.decode_capture else 0,
+            **lora)

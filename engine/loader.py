@@ -38,6 +38,7 @@ from safetensors import safe_open
 from torch import nn
 
 from pagedkube.engine.config import QUANTIZATIONS
+from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
 from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES
@@ -151,8 +152,11 @@ class _Sink:
     """Places checkpoint tensors (Hugging Face names) into the model's parameters and
     checks that every parameter (and every slice of a fused one) is filled exactly once."""
 
-    def __init__(self, model: DecoderForCausalLM, cfg: ModelConfig, projections: ProjectionWeights | None):
-        self.model, self.cfg, self.projections = model, cfg, projections
+    def __init__(self, model: DecoderForCausalLM, cfg: ModelConfig, projections: ProjectionWeights | None,
+                 shard: ShardPlan | None = None):
+        """cfg: the config the model was built from (a rank's local one under tensor parallelism,
+        whose ShardPlan `shard` cuts every checkpoint tensor first)."""
+        self.model, self.cfg, self.projections, self.shard = model, cfg, projections, shard
         self.params = dict(model.named_parameters())        # tied lm_head appears once, as embed_tokens
         self.loaded: dict[str, int] = {name: 0 for name in self.params}   # rows loaded per parameter
         self.expected = {name: p.shape[0] for name, p in self.params.items()}
@@ -161,6 +165,8 @@ class _Sink:
 
     def put(self, name: str, tensor, source: str, stored: str = "float") -> None:
         """tensor: a torch tensor, or a QuantizedWeight (a GGUF projection kept packed)."""
+        if self.shard is not None:
+            tensor, stored = self.shard.tensor(name, tensor, stored)
         if name == "lm_head.weight":
             self.has_lm_head = True
             if self.cfg.tie_word_embeddings:
@@ -221,11 +227,14 @@ def _projection_shape(name: str, cfg: ModelConfig) -> tuple[int, int]:
 
 def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
                max_positions: int, quantization: str = "none", gguf: GGUFFile | None = None,
-               calibrate: bool = False) -> DecoderForCausalLM:
+               calibrate: bool = False, shard: ShardPlan | None = None) -> DecoderForCausalLM:
     """gguf: cfg.gguf_file already open (one parse serves the caller's checks and the load).
-    calibrate: choose each packed projection's kernel by measurement (engine/quant/calibrate.py)."""
+    calibrate: choose each packed projection's kernel by measurement (engine/quant/calibrate.py).
+    shard: one tensor-parallel rank's part (engine/distributed/sharding.py); the model is then
+    that rank's local decoder, before engine/distributed/layers.py's parallelize."""
     method = resolve_quantization(quantization, cfg)
     linear = nn.Linear if method == "none" else QuantLinear
+    full_cfg, cfg = cfg, (shard.local if shard is not None else cfg)
     with torch.device("meta"):
         model = DecoderForCausalLM(cfg, backend, max_positions, device=device, linear=linear)
     model.to(dtype=dtype).to_empty(device=device)
@@ -237,12 +246,13 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
     if calibrate and method == "gguf" and device.type == "cpu" and gguf is not None:
         counts, file_bytes = calibrated_shapes(gguf, cfg)
         if counts:
-            calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes), cache_root())
+            world = shard.world_size if shard is not None else 1
+            calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes) // world, cache_root())
     projections = None if method == "none" else ProjectionWeights(model, method, dtype, device, calibration)
-    sink = _Sink(model, cfg, projections)
+    sink = _Sink(model, cfg, projections, shard)
     if gguf is not None:
         dequantized: Counter[str] = Counter()
-        for t in hf_tensors(gguf, cfg, packed=method == "gguf"):
+        for t in hf_tensors(gguf, full_cfg, packed=method == "gguf"):
             if isinstance(t.value, torch.Tensor) and t.ggml_type not in FLOAT_GGML_TYPES:
                 dequantized[t.ggml_type] += 1
             sink.put(t.name, t.value, gguf.path.name, t.ggml_type)
@@ -252,8 +262,8 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
         for file in checkpoint_files(cfg.model_dir):
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in f.keys():
-                    if not name.endswith(IGNORED_SUFFIXES):
-                        sink.put(name, f.get_tensor(name), file.name)
+                    if not name.endswith(IGNORED_SUFFIXES):   # a rank reads only its part (ShardPlan.tensor)
+                        sink.put(name, f.get_slice(name) if shard is not None else f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
     if projections is not None:
         log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else

@@ -13,6 +13,11 @@ decoding 1 token at position 9, block_size 4:
     input_ids      [a5 a6 a7 | b9]           query_start_loc [0, 3, 4]
     positions      [ 5  6  7 |  9]           seq_lens        [8, 10]
     slot_mapping   [bt_A[1]*4+1, bt_A[1]*4+2, bt_A[1]*4+3 | bt_B[2]*4+1]
+
+Under tensor parallelism (engine/distributed/) this runner is rank 0: it builds the step as
+above, broadcasts it to the workers, runs its own shard, and samples from the logits the
+workers' shards were gathered into. A worker runs another ModelRunner (`tp` given) whose
+execute_shard takes the broadcast step; it never prepares or samples.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,11 +38,18 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
-from pagedkube.engine.loader import load_model, resolve_dtype
+from pagedkube.engine.distributed.checks import check_tensor_parallel
+from pagedkube.engine.distributed.errors import WorkerFailed
+from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
+from pagedkube.engine.distributed.sharding import ShardPlan
+from pagedkube.engine.loader import load_model, resolve_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq
 from pagedkube.engine.structured.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from pagedkube.engine.distributed.worker import WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +187,30 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, tp: WorkerLink | None = None):
+        """tp: a tensor-parallel worker's link to rank 0 (engine/distributed/worker.py); None on
+        rank 0, which starts the workers itself when config.tensor_parallel_size > 1."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
+        check_tensor_parallel(self.model_config, config.tensor_parallel_size)
+        if config.tensor_parallel_size > 1 and config.decode_capture == "on":
+            raise ValueError("decode_capture 'on' is not supported with tensor_parallel_size > 1 yet")
         self.device = resolve_device(config.device)
+        self.tp: TPWorkers | WorkerLink | None = tp
+        if self.tp is None and config.tensor_parallel_size > 1:
+            self.tp = TPWorkers(config)          # the workers load their shards while this one does
+        try:
+            self._build(config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        tp = self.tp
+        rank = tp.rank if tp is not None else 0
+        if tp is not None and self.device.type == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
         # one parse of a GGUF file serves the type check and the load (gguf-py's reader takes seconds)
         gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
         quantized = serves_quantized_weights(config, self.model_config, gguf)
@@ -188,12 +221,24 @@ class ModelRunner:
         # both flags auto: each packed projection's kernel is measured here (engine/quant/calibrate.py);
         # an explicit --quantization or --dtype is taken as given
         calibrate = quantized and config.quantization == "auto" and config.dtype == "auto"
+        shard = None
+        if tp is not None:
+            method = resolve_quantization(config.quantization, self.model_config)
+            shard = ShardPlan(self.model_config, rank, tp.world_size,
+                              quantize_method=method if method in ("int8", "int4") else None)
         self.model = load_model(self.model_config, self.backend, self.device, self.dtype, self.max_model_len,
-                                config.quantization, gguf=gguf, calibrate=calibrate)
+                                config.quantization, gguf=gguf, calibrate=calibrate, shard=shard)
         del gguf
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.lora = self._lora_manager() if config.enable_lora else None   # its slots before the KV pool's share
+        cfg = shard.local if shard is not None else self.model_config   # this rank's heads and KV heads
+        self.num_kv_blocks = self._num_kv_blocks(cfg)
+        self.tp_group = None
+        if tp is not None:
+            from pagedkube.engine.distributed.layers import parallelize
+
+            self.num_kv_blocks, self.tp_group = tp.agree(self.num_kv_blocks, self.device)
+            parallelize(self.model, self.tp_group, self.model_config.vocab_size)
         capture = resolve_decode_capture(config, self.device)
-        cfg = self.model_config
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
         shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
@@ -204,10 +249,26 @@ class ModelRunner:
             self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
                                                 self.block_size, self.num_kv_blocks, self.max_model_len, self.device)
 
-    def _num_kv_blocks(self) -> int:
+    def _lora_manager(self):
+        """Adapter slots in every projection (engine/lora/): Triton kernels on CUDA, grouped matmuls elsewhere."""
+        from pagedkube.engine.lora.manager import LoRAManager
+
+        use_triton = False
+        if self.device.type == "cuda":
+            try:
+                import_module("pagedkube.engine.lora.triton_punica")
+                use_triton = True
+            except ImportError as e:
+                log.warning("triton LoRA kernels unavailable (%s); using grouped torch matmuls", e)
+        cfg = self.config
+        return LoRAManager(self.model, self.model_config, max_loras=cfg.max_loras, max_rank=cfg.max_lora_rank,
+                           max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras, device=self.device, dtype=self.dtype,
+                           use_triton=use_triton)
+
+    def _num_kv_blocks(self, cfg: ModelConfig) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        bytes_per_block = self.model_config.kv_bytes_per_block(self.block_size, self.dtype.itemsize)
+        bytes_per_block = cfg.kv_bytes_per_block(self.block_size, self.dtype.itemsize)
         budget = self.config.kv_cache_memory
         cap = None
         if self.config.gpu_memory_utilization is not None:
@@ -233,7 +294,28 @@ class ModelRunner:
         if not batch:
             return []
         step = self.prepare(batch)
+        if not isinstance(self.tp, TPWorkers):
+            return self._execute(batch, step, structured)
+        try:
+            self.tp.broadcast_step(step)
+            return self._execute(batch, step, structured)
+        except WorkerFailed as exc:        # a collective failed: say which worker, if one has exited
+            raise self.tp.explain(exc) from exc
+
+    def _execute(self, batch: list[ScheduledSeq], step: StepInputs, structured: StructuredOutputManager | None) \
+            -> list[SampleOutput | None]:
         outputs: list[SampleOutput | None] = [None] * len(batch)
+        if self.lora is not None:
+            self.lora.prepare_step([item.seq.lora_request for item in batch], [item.num_new_tokens for item in batch])
+        try:
+            self._run(batch, step, structured, outputs)
+        finally:
+            if self.lora is not None:
+                self.lora.end_step()
+        return outputs
+
+    def _run(self, batch: list[ScheduledSeq], step: StepInputs, structured: StructuredOutputManager | None,
+             outputs: list[SampleOutput | None]) -> None:
         with torch.inference_mode():
             hidden = self.decode_capture.run(step) if self.decode_capture is not None else None
             if hidden is None:                   # not captured, or a step no bucket takes: eager
@@ -245,7 +327,24 @@ class ModelRunner:
                 samples = self.sampler(logits, seqs, mask)
                 for i, sample in zip(step.sample_items, samples):
                     outputs[i] = sample
-        return outputs
+
+    def execute_shard(self, step: StepInputs) -> None:
+        """A tensor-parallel worker's part of a step rank 0 broadcast: the forward pass on this
+        rank's shard, and its vocabulary shard of the logits for rank 0's sampler."""
+        step = move_tensors(step, self.device)
+        with torch.inference_mode():
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.meta)
+            if step.sample_items:
+                self.model.lm_head(hidden[step.sample_token_index])
+
+    def check_workers(self) -> None:
+        if isinstance(self.tp, TPWorkers):
+            self.tp.check_alive()
+
+    def shutdown(self) -> None:
+        """Stops a tensor-parallel engine's workers (rank 0); a no-op otherwise."""
+        if isinstance(self.tp, TPWorkers):
+            self.tp.shutdown()
 
     def prepare(self, batch: list[ScheduledSeq]) -> StepInputs:
         """Flat step tensors from the batch: Python builds per-sequence lists once,

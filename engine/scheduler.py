@@ -17,6 +17,11 @@ while a step still reads it; finished sequences are freed in postprocess, after
 the step. Every request passed check_request fits in the pool alone, so the
 oldest sequence always makes progress: the loop never spins.
 
+LoRA: at most `max_loras` distinct adapters run at once (the model's device slots).
+A waiting sequence whose adapter would be one too many is passed over this step and
+keeps its place; the sequences behind it may still be admitted (vLLM does the same).
+Once the running adapters' sequences finish, it is admitted: nothing waits forever.
+
 n > 1: only sample 0 of a request is queued at first. When its prompt is
 computed its siblings get its full prompt blocks (KVCacheManager.fork, by
 reference count, prefix cache on or off) and join the front of `waiting`.
@@ -46,7 +51,7 @@ class SeqUpdate:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, eos_token_ids: list[int] | tuple[int, ...] = ()):
+                 max_model_len: int, eos_token_ids: list[int] | tuple[int, ...] = (), max_loras: int | None = None):
         self.kv = kv
         self.block_size = kv.block_size
         self.max_num_seqs = max_num_seqs
@@ -63,6 +68,7 @@ class Scheduler:
         self._num_arrived = 0
         self._admitted: set[Sequence] = set()
         self.num_preemptions = 0
+        self.max_loras = max_loras            # None: no adapters (every sequence runs the base model)
 
     # ---- admission -------------------------------------------------------------
 
@@ -141,8 +147,14 @@ class Scheduler:
                 i += 1
         if preempted:   # the pool is full: admitting anyone would only thrash
             return scheduled
+        loras = {s.lora_name for s in self.running} - {None}
+        passed_over: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora_name is not None and seq.lora_name not in loras:
+                if self.max_loras is None or len(loras) >= self.max_loras:
+                    passed_over.append(self.waiting.popleft())
+                    continue
             if self.kv.holds_blocks(seq):     # a forked sibling: shared prompt blocks
                 hits, num_computed = None, seq.num_computed_tokens
             else:
@@ -164,6 +176,9 @@ class Scheduler:
             bisect.insort(self.running, seq, key=self._arrival.__getitem__)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            if seq.lora_name is not None:
+                loras.add(seq.lora_name)
+        self.waiting.extendleft(reversed(passed_over))
         return scheduled
 
     def _preempt(self, seq: Sequence) -> None:

@@ -1,7 +1,7 @@
 """One sequence being generated: what the scheduler tracks and the runner reads.
 
 The model runner reads only: request_id, token_ids, num_computed_tokens,
-block_table, params, sample_index, num_output_tokens, grammar (see ScheduledSeq).
+block_table, params, sample_index, num_output_tokens, grammar, lora_request (see ScheduledSeq).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pagedkube.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.structured.grammars import GrammarState
 
 
@@ -66,6 +67,11 @@ class Sequence:
     num_computed_tokens: int = 0          # tokens whose KV is in the pool
     num_cached_tokens: int = 0            # prompt tokens served by the prefix cache
     grammar: GrammarState | None = None   # GrammarState of a constrained request (engine/structured/manager.py)
+    lora_request: LoRARequest | None = None   # the adapter it runs under (engine/lora/); None = the base model
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora_request is None else self.lora_request.lora_name
 
     def __post_init__(self) -> None:
         if not self.token_ids:

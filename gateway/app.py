@@ -181,10 +181,14 @@ class Gateway:
             if parsed.model and known and parsed.model in known:
                 outcome.model = parsed.model
             salt = tenant_salt if tenant_salt is not None else parsed.body.get("cache_salt")
-            routing_input = await self.routing_input(parsed, salt)
+            # an adapter's blocks hash with its name, as the engine hashes them (pagedkube/hashing.py)
+            lora = parsed.model if parsed.model and parsed.model in self.watcher.adapter_names() else None
+            routing_input = await self.routing_input(parsed, salt, lora)
             routable = await self.hold.routable()
             if not routable:
                 raise no_endpoint()
+            if lora is not None:   # only engines that serve the adapter can answer it; then prefix/load as usual
+                routable = self.watcher.serving(lora, routable) or routable
         except GatewayError as e:
             return e.response()
         decision = self.picker.pick(routing_input, routable, self.endpoints.loads(routable))
@@ -197,15 +201,15 @@ class Gateway:
         body = parsed.forward_body(tenant_salt)
         return await self.proxy.forward(request, path, body, decision, outcome, started)
 
-    async def routing_input(self, parsed: ParsedRequest, salt: str | None) -> RoutingInput:
+    async def routing_input(self, parsed: ParsedRequest, salt: str | None, lora: str | None = None) -> RoutingInput:
         """Renders, tokenizes and hashes the prompt. A small body is done here, on the
         event loop, with the hasher's caches (a thread hop would cost more than the
         work); a large one goes to the bounded tokenize pool, uncached, so /health and
         running streams keep flowing while a multi-megabyte prompt is worked through."""
         hasher = self.prompt.hasher
         if len(parsed.raw) <= self.config.inline_tokenize_bytes:
-            return hasher.routing_input(parsed.kind, parsed.body, salt)
-        work = functools.partial(hasher.routing_input, parsed.kind, parsed.body, salt, cached=False)
+            return hasher.routing_input(parsed.kind, parsed.body, salt, lora_name=lora)
+        work = functools.partial(hasher.routing_input, parsed.kind, parsed.body, salt, cached=False, lora_name=lora)
         return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, work)
 
     async def merged_models(self) -> dict:

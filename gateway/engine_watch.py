@@ -98,6 +98,16 @@ class EngineWatcher:
                  if isinstance(name := m.get("id"), str)}
         return names or None
 
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters the ready engines serve: /v1/models cards with a `parent` (the base)."""
+        ready = set(self.endpoints.routable())
+        return {m["id"] for url, models in self.models.items() if url in ready for m in models
+                if isinstance(m.get("id"), str) and isinstance(m.get("parent"), str)}
+
+    def serving(self, model: str, urls: list[str]) -> list[str]:
+        """Those of `urls` whose /v1/models lists `model` (an adapter lives on some engines only)."""
+        return [url for url in urls if any(m.get("id") == model for m in self.models.get(url, ()))]
+
     # -- cache feed ---------------------------------------------------------------
     def _config_matches(self, config: dict) -> bool:
         mine = self.cache_config

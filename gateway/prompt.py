@@ -91,8 +91,10 @@ class PromptHasher:
         return RoutingInput(ring_key=keys.digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
                             tokenized=False)
 
-    def routing_input(self, kind: str, body: dict, cache_salt: str | None, cached: bool = True) -> RoutingInput:
-        """`cached=False` skips the piece and head caches and so touches no shared
+    def routing_input(self, kind: str, body: dict, cache_salt: str | None, cached: bool = True,
+                      lora_name: str | None = None) -> RoutingInput:
+        """`lora_name`: the LoRA adapter the body's model names (None: a base model).
+        `cached=False` skips the piece and head caches and so touches no shared
         state: that call may run in a worker thread while the event loop runs
         cached ones (the Rust tokenizer and a compiled jinja template are safe
         to share between threads; the caches are not)."""
@@ -105,7 +107,7 @@ class PromptHasher:
         if not token_ids:
             return self.fallback(kind, body, cache_salt)
         return keys.routing_input(token_ids, key_ids, block_size=self.block_size, seed=self.seed,
-                                  ring_key_blocks=self.ring_key_blocks, cache_salt=cache_salt)
+                                  ring_key_blocks=self.ring_key_blocks, cache_salt=cache_salt, lora_name=lora_name)
 
     def _tokenize(self, kind: str, body: dict, cached: bool) -> tuple[list[int], list[int] | None]:
         tok = self.encoder if cached else self.tokenizer

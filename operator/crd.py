@@ -117,6 +117,11 @@ ENGINE = _obj({
                                      "(--structured-outputs-backend); auto = xgrammar.",
                                      enum=list(d.STRUCTURED_OUTPUTS_BACKENDS),
                                      default=d.DEFAULT_STRUCTURED_OUTPUTS_BACKEND),
+    "tensorParallelSize": _int(1, d.MAX_TENSOR_PARALLEL_SIZE, d.DEFAULT_TENSOR_PARALLEL_SIZE,
+                               "Ranks of one engine in its pod (--tensor-parallel-size), each holding 1/N of every "
+                               "layer: GPUs per pod on GPU (resources' nvidia.com/gpu must then equal it), "
+                               "processes sharing the pod's cores on CPU. Must divide the model's attention "
+                               "heads, KV heads and MLP size."),
     "requireApiKey": {"type": "boolean", "default": True,
                       "description": "false: engines answer anyone who reaches them (no key at all). "
                                      "Default true: the generated key, or apiKeySecretRef's."},
@@ -138,6 +143,11 @@ GATEWAY = _obj({
     }, default={}),
     "apiKeySecretRef": _secret_ref("Your own Secret with key api-keys.yaml (keys, rate limits, tenant salts; "
                                    "docs/operator.md), instead of the generated <name>-api-key."),
+    "tensorParallelSize": _int(1, d.MAX_TENSOR_PARALLEL_SIZE, d.DEFAULT_TENSOR_PARALLEL_SIZE,
+                               "Ranks of one engine in its pod (--tensor-parallel-size), each holding 1/N of every "
+                               "layer: GPUs per pod on GPU (resources' nvidia.com/gpu must then equal it), "
+                               "processes sharing the pod's cores on CPU. Must divide the model's attention "
+                               "heads, KV heads and MLP size."),
     "requireApiKey": {"type": "boolean", "default": True,
                       "description": "false: the gateway serves anyone who reaches it (no key at all). Default "
                                      "true: apiKeySecretRef's keys, or one generated key in the Secret "

@@ -50,6 +50,9 @@ RUNTIMES = ("pagedkube", "vllm")
 DEFAULT_TOOL_CALL_PARSER: str = default_of(ServerConfig, "tool_call_parser")      # auto: from the chat template
 DEFAULT_STRUCTURED_OUTPUTS_BACKEND: str = default_of(EngineConfig, "structured_outputs_backend")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
+DEFAULT_TENSOR_PARALLEL_SIZE: int = default_of(EngineConfig, "tensor_parallel_size")
+MAX_TENSOR_PARALLEL_SIZE = 64     # 8 GPUs per node is the usual most; 64 leaves room for larger boxes
+GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
 # Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
 # pods the Prometheus Operator runs (it labels every Prometheus pod app.kubernetes.io/name=prometheus),
@@ -149,11 +152,12 @@ class EngineSpec:
     require_api_key: bool = True          # False (and no api_key_secret): engines answer anyone who reaches them
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER                        # --tool-call-parser
     structured_outputs_backend: str = DEFAULT_STRUCTURED_OUTPUTS_BACKEND    # --structured-outputs-backend
+    tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE                # --tensor-parallel-size: ranks per pod
 
     @property
     def num_gpus(self) -> int:
         limits = self.resources.get("limits") or {}
-        return int(str(limits.get("nvidia.com/gpu", 0)))
+        return int(str(limits.get(GPU_RESOURCE, 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,10 +318,29 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
         tool_call_parser=_choice(d, "toolCallParser", DEFAULT_TOOL_CALL_PARSER, TOOL_CALL_PARSERS),
         structured_outputs_backend=_choice(d, "structuredOutputsBackend", DEFAULT_STRUCTURED_OUTPUTS_BACKEND,
                                            STRUCTURED_OUTPUTS_BACKENDS),
+        tensor_parallel_size=_int(d, "tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE,
+                                  "spec.engine.tensorParallelSize"),
     )
+    if engine.tensor_parallel_size > MAX_TENSOR_PARALLEL_SIZE:
+        raise ValueError(f"spec.engine.tensorParallelSize must be <= {MAX_TENSOR_PARALLEL_SIZE}, "
+                         f"got {engine.tensor_parallel_size}")
+    _check_gpus(engine)
     if not engine.require_api_key and engine.api_key_secret:
         raise ValueError("spec.engine.requireApiKey false contradicts spec.engine.apiKeySecretRef; drop one")
     return engine
+
+
+def _check_gpus(engine: EngineSpec) -> None:
+    """Under tensor parallelism on GPUs each rank has its own: a pod that asks for GPUs asks for
+    exactly one per rank. (At tensorParallelSize 1 any count stays allowed, as before: a vLLM
+    runtime given --tensor-parallel-size in extraArgs.)"""
+    if engine.tensor_parallel_size == 1:
+        return
+    for kind in ("limits", "requests"):
+        value = (engine.resources.get(kind) or {}).get(GPU_RESOURCE)
+        if value is not None and str(value) != str(engine.tensor_parallel_size):
+            raise ValueError(f"spec.engine.resources.{kind}[{GPU_RESOURCE}] is {value}, but tensorParallelSize "
+                             f"{engine.tensor_parallel_size} runs one rank per GPU: set them equal")
 
 
 def _choice(d: Mapping[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:

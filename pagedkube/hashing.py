@@ -6,7 +6,16 @@ Block i of a prompt (only full blocks are hashed) is keyed by
 
 with h_{-1} = sha256("pagedkube-root\\0" || seed). `extra_0` carries the cache salt
 (per tenant), so two tenants' chains differ from the first block on; later blocks
-inherit the difference through the chain. The encoding is canonical (fixed-width
+inherit the difference through the chain. A LoRA adapter's request carries the
+adapter's name in every block's extra (vLLM's "extra keys" do the same), so no
+block computed under one adapter, or under the base model, is ever served to another:
+
+    base model     extra_0 = salt                     extra_i = b""
+    adapter NAME   extra_i = 0xff "lora" u32le(len(salt_i)) salt_i NAME   (salt_i = salt for i = 0, else b"")
+
+0xff never occurs in UTF-8, so an adapter's extra cannot equal any base salt.
+
+The encoding is canonical (fixed-width
 little-endian integers with explicit lengths), so two processes, two machines or a
 gateway and an engine always compute the same bytes: no Python `hash()`, no pickle,
 no PYTHONHASHSEED (docs/design.md, pitfall "Hash collisions are data leaks", "hash seed mismatches").
@@ -59,6 +68,17 @@ def salt_bytes(cache_salt: str | None) -> bytes:
     return b"" if not cache_salt else cache_salt.encode("utf-8")
 
 
+_LORA_TAG = b"\xfflora"
+
+
+def extra_keys(block_index: int, cache_salt: str | None = None, lora_name: str | None = None) -> bytes:
+    """The `extra` of block `block_index` of a request (module docstring)."""
+    salt = salt_bytes(cache_salt) if block_index == 0 else b""
+    if lora_name is None:
+        return salt
+    return b"".join((_LORA_TAG, _U32.pack(len(salt)), salt, lora_name.encode("utf-8")))
+
+
 def block_hashes(
     token_ids: Sequence[int],
     block_size: int,
@@ -67,12 +87,14 @@ def block_hashes(
     cache_salt: str | None = None,
     parent: bytes | None = None,
     start_block: int = 0,
+    lora_name: str | None = None,
 ) -> list[bytes]:
     """Hashes of every full block of `token_ids`.
 
     `parent`/`start_block` continue an existing chain: pass the hash of block
     `start_block - 1` to hash only the blocks after it (the engine extends a
-    running request's chain this way as its output fills blocks).
+    running request's chain this way as its output fills blocks). `lora_name`: the
+    adapter the request runs under (None: the base model).
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -86,7 +108,7 @@ def block_hashes(
     width = 4 * block_size
     hashes: list[bytes] = []
     for j, i in enumerate(range(start_block, num_full)):
-        extra = salt_bytes(cache_salt) if i == 0 else b""
+        extra = extra_keys(i, cache_salt, lora_name)
         parent = _hash_packed(parent, block_size, data[j * width:(j + 1) * width], extra)
         hashes.append(parent)
     return hashes

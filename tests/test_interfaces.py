@@ -155,8 +155,9 @@ def test_a_changed_signature_is_caught() -> None:
     module, node = next((m, n) for m, n, _ in DOCUMENTED if n.name == "LLMEngine")
     assert mismatches(module, node) == []
     for old, new in [("*, cache_salt: str | None = None", "*, salt: str | None = None"),
-                     ("group: str | None = None) -> list[int]", "group: str | None = '') -> list[int]"),
-                     ("group: str | None = None) -> list[int]", "group: str | None = None) -> None")]:
+                     ("group: str | None = None,", "group: str | None = '',"),
+                     ("LoRARequest | None = None) -> list[int]: ...\n    def add_lora",
+                      "LoRARequest | None = None) -> None: ...\n    def add_lora")]:
         assert page.count(old) == 1, old
         changed = next(n for _, n, _ in documented(page.replace(old, new)) if n.name == "LLMEngine")
         assert any("add_request" in m for m in mismatches(module, changed)), new

@@ -64,7 +64,9 @@ class ProjectionWeights:
         stored = sorted({s for _, _, s in pieces})
         weight: torch.Tensor | QuantizedWeight | None = None
         quantized = [v for v in values if not isinstance(v, torch.Tensor)]
-        if self.method == "gguf" and len(quantized) == len(values):
+        # pieces already in the method's format (quantized whole, then cut for a tensor-parallel rank:
+        # engine/distributed/sharding.py) stay as they are
+        if (self.method == "gguf" or set(stored) == {self.method}) and len(quantized) == len(values):
             weight = concat_rows(quantized)
             if weight is None:
                 self.dequantized.update(s for _, _, s in pieces)

@@ -21,6 +21,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     responses.py      OpenAI response and stream-chunk shapes
     sampling_defaults.py  --generation-config: the model's sampling settings as request defaults
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize
+    lora_routes.py    LoRA adapters by name: /v1/load_lora_adapter, /v1/unload_lora_adapter, model cards
     cache_feed.py     /v1/cache/config, /v1/cache/events, /v1/cache/tokenizer
     metrics.py        vLLM's metric names and buckets
     http_counting.py  every HTTP response counted once, by route and status

@@ -30,6 +30,7 @@ from pagedkube.engine.server.core_client import EngineBuildError, EngineCoreClie
 from pagedkube.engine.server.engine_core import EngineFactory
 from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
+from pagedkube.engine.server.lora_routes import load_adapter, router as lora_router
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
@@ -102,11 +103,18 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
             raise
         state.model_name = config.served_model_name or info.model_name
         state.engine_id = info.kv_events.engine_id
-        state.metrics = EngineMetrics(state.model_name, state.engine.stats)
+        state.metrics = EngineMetrics(state.model_name, state.engine.stats,
+                                      max_lora=config.engine.max_loras if config.engine.enable_lora else None)
         state.engine.metrics = state.metrics
         state.feed_waiters = FeedWaiters(asyncio.get_running_loop())
         info.kv_events.subscribe(state.feed_waiters.notify)
         state.info = info
+        for module in config.lora_modules:   # a bad one fails start-up, with the reason
+            try:
+                await load_adapter(state, module)
+            except APIError as e:
+                await asyncio.to_thread(state.engine.shutdown)
+                raise RuntimeError(f"--lora-modules {module.name}: {e.message}") from None
         state.tool_parser = resolve_tool_parser(config.tool_call_parser,
                                                 info.tokenizer.chat_template if info.tokenizer else None)
         state.sampling_defaults = sampling_defaults(config.generation_config,
@@ -143,6 +151,8 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
     app.add_middleware(CountHTTPResponses, registry=http_registry)
     app.include_router(openai_router)
     app.include_router(cache_router)
+    if config.allow_runtime_lora_updating:
+        app.include_router(lora_router)
 
     @app.get("/health")
     async def health() -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.lora.modules import LoRAModule
 from pagedkube.http_head_limits import HeadLimits
 from pagedkube.observability import ObservabilityConfig
 
@@ -27,6 +28,10 @@ class ServerConfig:
     # Parses tool calls out of tool_choice "auto" answers (tool_parsers.py); auto = the one the chat
     # template's format calls for, none = off (then tool_choice "auto" with tools is a 400, as in vLLM).
     tool_call_parser: str = "auto"
+    lora_modules: tuple[LoRAModule, ...] = ()   # adapters served from start-up (--lora-modules)
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: off by default, as in vLLM (the
+    # caller names a path on the server's disk)
+    allow_runtime_lora_updating: bool = False
     generation_config: str = "auto"       # request sampling defaults: auto | vllm | FOLDER (sampling_defaults.py)
 
     def __post_init__(self) -> None:
@@ -47,6 +52,11 @@ class ServerConfig:
         from pagedkube.engine.server.tool_parsers import PARSER_NAMES
         if self.tool_call_parser not in PARSER_NAMES:
             raise ValueError(f"tool_call_parser must be one of {PARSER_NAMES}, got {self.tool_call_parser!r}")
+        if (self.lora_modules or self.allow_runtime_lora_updating) and not self.engine.enable_lora:
+            raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+        names = [m.name for m in self.lora_modules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--lora-modules names an adapter twice: {names}")
         if not self.generation_config:
             raise ValueError("generation_config must be auto, vllm or a folder")
         if self.drain_timeout < 0:

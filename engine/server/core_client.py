@@ -36,8 +36,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Callable
 
 from pagedkube.engine.kv_events import KVEventLog
-from pagedkube.engine.server.core_messages import (AbortRequests, AddRequests, CoreReady, NewRequest, Shutdown,
-                                                   StepMessage)
+from pagedkube.engine.server.core_messages import (AbortRequests, AddRequests, CoreReady, LoadLoRA, NewRequest,
+                                                   Shutdown, StepMessage, UnloadLoRA)
 from pagedkube.engine.server.engine_client import EngineInfo
 from pagedkube.engine.server.engine_core import EngineFactory, run_engine_core, serve_core
 from pagedkube.engine.server.errors import APIError
@@ -46,6 +46,7 @@ from pagedkube.openai_errors import ENGINE_DEAD, QUEUE_FULL, SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.server.metrics import EngineMetrics
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,10 @@ class EngineCoreClient:
         self.info: EngineInfo | None = None
         self._worker: _CoreThread | BaseProcess | None = None
         self._conn: Connection | None = None
-        self._outbox: queue.SimpleQueue[AddRequests | AbortRequests | Shutdown | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[AddRequests | AbortRequests | LoadLoRA | UnloadLoRA | Shutdown | None] = \
+            queue.SimpleQueue()
+        self._lora_ops: dict[int, asyncio.Future] = {}    # LoadLoRA op_id -> its caller's future
+        self._num_lora_ops = 0
         self._undelivered = threading.Semaphore(MAX_UNDELIVERED)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tracked: dict[str, _Tracked] = {}
@@ -202,6 +206,24 @@ class EngineCoreClient:
         if aborted:
             self._outbox.put(AbortRequests(aborted))
 
+    async def load_lora(self, lora_request: LoRARequest) -> None:
+        """Has the core read and check an adapter; APIError 400/404 (or 500) when it cannot serve it."""
+        if self._stop or self._dead:
+            raise APIError(503, "the engine is not running", code=ENGINE_DEAD)
+        assert self._loop is not None
+        self._num_lora_ops += 1
+        future = self._loop.create_future()
+        self._lora_ops[self._num_lora_ops] = future
+        self._outbox.put(LoadLoRA(self._num_lora_ops, lora_request))
+        status, message = await future
+        if status != 200:
+            raise APIError(status, message, param="lora_path" if status in (400, 404) else None)
+
+    def unload_lora(self, lora_int_id: int) -> None:
+        """Tells the core an adapter is gone; the requests it still runs finish."""
+        if not (self._stop or self._dead):
+            self._outbox.put(UnloadLoRA(lora_int_id))
+
     def abort_all(self) -> None:
         self.abort(list(self._tracked))
 
@@ -254,6 +276,10 @@ class EngineCoreClient:
         self._stats = msg.stats
         self._pending_seqs -= msg.num_adds
         self._core_healthy = self._core_healthy and msg.healthy
+        for result in msg.lora_results:
+            future = self._lora_ops.pop(result.op_id, None)
+            if future is not None and not future.done():
+                future.set_result((result.status, result.message))
         for err in msg.errors:
             tracked = self._tracked.pop(err.request_id, None)
             if tracked is not None:   # a failed request is no success: vllm:request_success_total skips it
@@ -288,6 +314,10 @@ class EngineCoreClient:
         for request_id, tracked in self._tracked.items():
             tracked.stream.put(StreamError(request_id, error))
         self._tracked.clear()
+        for future in self._lora_ops.values():
+            if not future.done():
+                future.set_result((error.status_code, error.message))
+        self._lora_ops.clear()
         self._outbox.put(None)
         if not self._stop:
             self._core_healthy = False

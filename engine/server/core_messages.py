@@ -3,6 +3,8 @@
     HTTP process                                        engine core
     AddRequests([NewRequest, ...])   ---------------->  LLMEngine.add_request each (400 on ValueError)
     AbortRequests([request_id, ...]) ---------------->  LLMEngine.abort_request each
+    LoadLoRA(op_id, LoRARequest)     ---------------->  LLMEngine.add_lora: read and check it
+    UnloadLoRA(lora_int_id)          ---------------->  LLMEngine.remove_lora (running requests finish)
     Shutdown()                       ---------------->  fail what runs (503), exit
                                      <----------------  CoreReady(EngineFacts) | CoreFailed(message)
                                      <----------------  StepMessage after every step that did
@@ -23,6 +25,7 @@ from pagedkube.engine.outputs import RequestDelta
 
 if TYPE_CHECKING:   # annotations only: the HTTP side needs neither module to build or read a message
     from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.sampling_params import SamplingParams
 
 # The core speaks at least this often while idle, so the HTTP side can tell a live
@@ -37,6 +40,26 @@ class NewRequest:
     params: SamplingParams
     cache_salt: str | None = None
     group: str | None = None    # the fairness group: one HTTP request's prompts share it
+    lora_request: LoRARequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadLoRA:
+    op_id: int
+    lora_request: LoRARequest
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadLoRA:
+    lora_int_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAResult:
+    """The answer to one LoadLoRA: status 200, or 400/404 with the reason."""
+    op_id: int
+    status: int
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +120,11 @@ class StepMessage:
     deltas: list[RequestDelta] = field(default_factory=list)
     errors: list[RequestError] = field(default_factory=list)
     kv_events: list[KVEvent] = field(default_factory=list)
+    lora_results: list[LoRAResult] = field(default_factory=list)
     num_adds: int = 0           # sequences (n per request) the core took from the pipe
     stats: EngineStats | None = None    # after the step
     healthy: bool = True        # False after MAX_CONSECUTIVE_STEP_FAILURES failed steps
 
     @property
     def empty(self) -> bool:
-        return not (self.deltas or self.errors or self.kv_events or self.num_adds)
+        return not (self.deltas or self.errors or self.kv_events or self.num_adds or self.lora_results)

@@ -16,6 +16,7 @@ from pagedkube.engine.server.streams import RequestStream
 if TYPE_CHECKING:   # annotations only (metrics.py pulls prometheus_client, tokenizer.py tokenizers)
     from pagedkube.engine.kv_events import KVEventLog
     from pagedkube.engine.llm_engine import EngineStats
+    from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.server.metrics import EngineMetrics
     from pagedkube.tokenizer import Tokenizer
 
@@ -61,6 +62,12 @@ class EngineClient(Protocol):
         """Ends the requests now: their streams get StreamAborted, their blocks go back."""
 
     def abort_all(self) -> None: ...
+
+    async def load_lora(self, lora_request: LoRARequest) -> None:
+        """Reads and checks an adapter in the engine; APIError 400/404 when it cannot be served."""
+
+    def unload_lora(self, lora_int_id: int) -> None:
+        """The adapter is gone from the API; requests already running under it finish."""
 
     def stats(self) -> tuple[EngineStats | None, int]:
         """(EngineStats after the last step, sequences handed over but not yet taken)."""

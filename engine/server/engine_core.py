@@ -19,12 +19,13 @@ import logging
 import signal
 import time
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NoReturn
 
+from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.parent_death import die_with_parent
 from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
-                                                   CoreReady, EngineFacts, KVEvent, RequestError, Shutdown,
-                                                   StepMessage)
+                                                   CoreReady, EngineFacts, KVEvent, LoadLoRA, LoRAResult,
+                                                   RequestError, Shutdown, StepMessage, UnloadLoRA)
 
 if TYPE_CHECKING:
     from pagedkube.engine.llm_engine import LLMEngine
@@ -69,6 +70,7 @@ class EngineCore:
                     if isinstance(op, Shutdown):
                         self._fail_all(503, "the engine is shutting down")
                         self._send()
+                        engine.shutdown()
                         return
                     self._apply(op)
                     if not conn.poll(0):
@@ -76,11 +78,17 @@ class EngineCore:
             if engine.has_unfinished_requests():
                 self._step()
             if not self.msg.empty or self.aborted or time.monotonic() - self.last_sent >= HEARTBEAT_INTERVAL_S:
+                try:
+                    self.engine.check_workers()   # a worker that died while the engine was idle
+                except WorkerFailed as exc:
+                    self._die(exc)
                 self._send()
 
     def _step(self) -> None:
         try:
             deltas = self.engine.step_deltas()
+        except WorkerFailed as exc:   # a tensor-parallel rank is gone: no step can run any more
+            self._die(exc)
         except Exception as exc:  # one bad step must not kill the server
             self.failures += 1
             logger.exception("engine step failed (%d in a row)", self.failures)
@@ -95,6 +103,15 @@ class EngineCore:
             if delta.finished:
                 self.live.discard(delta.request_id)
 
+    def _die(self, exc: WorkerFailed) -> NoReturn:
+        """Fails every request in flight, tells the HTTP process, and ends the core with `exc`:
+        the process exits non-zero and the server after it (engine/distributed/errors.py)."""
+        logger.error("the engine cannot step any more: %s", exc)
+        self.failures = MAX_CONSECUTIVE_STEP_FAILURES
+        self._fail_all(500, f"the engine failed: {exc}")
+        self._send()
+        raise exc
+
     def _send(self) -> None:
         msg, self.msg = self.msg, StepMessage()
         msg.stats = self.engine.stats()
@@ -103,13 +120,14 @@ class EngineCore:
         self.conn.send(msg)           # blocks while the HTTP process is behind: back-pressure
         self.last_sent = time.monotonic()
 
-    def _apply(self, op: AddRequests | AbortRequests) -> None:
+    def _apply(self, op: AddRequests | AbortRequests | LoadLoRA | UnloadLoRA) -> None:
         if isinstance(op, AddRequests):
             for req in op.requests:
                 self.msg.num_adds += req.params.n
                 try:
                     self.engine.add_request(req.request_id, req.prompt_token_ids, req.params,
-                                            cache_salt=req.cache_salt, group=req.group)
+                                            cache_salt=req.cache_salt, group=req.group,
+                                            lora_request=req.lora_request)
                 except ValueError as exc:
                     self.msg.errors.append(RequestError(req.request_id, 400, str(exc)))
                 except Exception as exc:
@@ -123,8 +141,23 @@ class EngineCore:
                     self.live.discard(request_id)
                     self.aborted = True
                     self._abort(request_id)
+        elif isinstance(op, LoadLoRA):
+            self.msg.lora_results.append(self._load_lora(op))
+        elif isinstance(op, UnloadLoRA):
+            self.engine.remove_lora(op.lora_int_id)
         else:
             raise TypeError(f"unknown engine-core operation {op!r}")
+
+    def _load_lora(self, op: LoadLoRA) -> LoRAResult:
+        """Reads and checks the adapter between two steps; a bad one is the caller's 400/404."""
+        try:
+            self.engine.add_lora(op.lora_request)
+        except ValueError as exc:
+            return LoRAResult(op.op_id, 404 if getattr(exc, "not_found", False) else 400, str(exc))
+        except Exception as exc:
+            logger.exception("loading adapter %s failed", op.lora_request.lora_name)
+            return LoRAResult(op.op_id, 500, f"{type(exc).__name__}: {exc}")
+        return LoRAResult(op.op_id, 200)
 
     def _abort(self, request_id: str) -> None:
         try:

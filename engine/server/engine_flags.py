@@ -110,6 +110,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
                        help="weights: auto = a GGUF file's types as stored, a float model as float; none = all "
                             "dense; int8 / int4 = quantize the projections at load (default auto)"),
         *add_decode_capture_args(g, passthrough=passthrough),
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=default(_engine("tensor_parallel_size")),
+                       help="ranks of one engine, each holding 1/N of every layer (gloo on CPU, NCCL on CUDA); "
+                            "N must divide the model's attention heads, KV heads and MLP size "
+                            f"(default {_engine('tensor_parallel_size')})"),
         g.add_argument("--block-size", type=int, default=default(_engine("block_size"))),
     ]
     kv = g.add_mutually_exclusive_group()
@@ -142,7 +146,42 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         g.add_argument("--seed", type=int, default=default(_engine("seed"))),
     ]
     added += add_structured_outputs_args(p, passthrough=passthrough)
+    added += add_lora_args(p, passthrough=passthrough)
     return [action.option_strings[0] for action in added]
+
+
+def add_lora_args(p: argparse.ArgumentParser, *, passthrough: bool = False) -> list[argparse.Action]:
+    """LoRA adapters, with vLLM's flags (docs/server.md "LoRA adapters")."""
+    def default(value: Any) -> Any:
+        return None if passthrough else value
+
+    g = p.add_argument_group("LoRA adapters")
+    return [
+        g.add_argument("--enable-lora", action="store_const", const=True, default=default(False),
+                       help="serve LoRA adapters: a request's `model` names one"),
+        g.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       type=_as_typed(_lora_module) if passthrough else _lora_module,
+                       help="adapters served from start-up: name=path or JSON "
+                            "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}' (PEFT directories)"),
+        g.add_argument("--max-loras", type=int, default=default(_engine("max_loras")),
+                       help=f"adapters one step may run (device slots; default {_engine('max_loras')})"),
+        g.add_argument("--max-lora-rank", type=int, default=default(_engine("max_lora_rank")),
+                       help=f"largest adapter rank accepted (default {_engine('max_lora_rank')})"),
+        g.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="adapters kept in host memory, LRU (default: --max-loras)"),
+        g.add_argument("--allow-runtime-lora-updating", action="store_const", const=True, default=default(False),
+                       help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (off: loading a "
+                            "path on the server is a privileged act)"),
+    ]
+
+
+def _lora_module(text: str):
+    from pagedkube.engine.lora.modules import parse_lora_module
+
+    try:
+        return parse_lora_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_structured_outputs_args(p: argparse.ArgumentParser, *, passthrough: bool = False) -> list[argparse.Action]:
@@ -176,6 +215,8 @@ def passthrough_argv(args: argparse.Namespace, flags: list[str]) -> list[str]:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is True:             # a switch (--enable-auto-tool-choice, --enable-prefix-caching)
             out.append(flag)
+        elif isinstance(value, list):  # nargs="+" (--lora-modules)
+            out += [flag, *map(str, value)]
         elif value is False:          # a switch turned off (--no-enable-prefix-caching)
             out.append(f"--no-{flag[2:]}")
         elif value is not None:

@@ -14,6 +14,7 @@ from typing import AsyncGenerator, Callable
 
 from fastapi import Request
 
+from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.outputs import OutputAccumulator, RequestDelta, RequestOutput
 from pagedkube.engine.server import constraints
 from pagedkube.engine.server.core_messages import NewRequest
@@ -31,8 +32,9 @@ def new_request_id(prefix: str) -> str:
 class Generation:
     """The engine requests behind one HTTP request (one per prompt, each with n samples)."""
 
-    def __init__(self, state: ServerState, request_id: str, prepared: Prepared):
+    def __init__(self, state: ServerState, request_id: str, prepared: Prepared, lora: LoRARequest | None = None):
         self.state = state
+        self.lora = lora
         self.request_id = request_id
         self.prepared = prepared
         self.engine_ids = [f"{request_id}-{i}" for i in range(len(prepared.prompt_ids))]
@@ -52,7 +54,7 @@ class Generation:
         self._stream = RequestStream()
         p = self.prepared
         self.state.engine.add_requests(
-            [NewRequest(rid, ids, p.params, p.cache_salt, group=self.request_id)
+            [NewRequest(rid, ids, p.params, p.cache_salt, group=self.request_id, lora_request=self.lora)
              for rid, ids in zip(self.engine_ids, p.prompt_ids)],
             self._stream, max_waiting=self.state.config.max_waiting)
         self.state.in_flight += 1

@@ -40,9 +40,10 @@ METRIC_NAMES = (
 class _EngineStatsCollector:
     """Gauges and engine-side cumulative counters, read from the stats snapshot."""
 
-    def __init__(self, model_name: str, read_stats: Callable[[], tuple[Any, int]]):
+    def __init__(self, model_name: str, read_stats: Callable[[], tuple[Any, int]], max_lora: int | None = None):
         self.model_name = model_name
         self.read_stats = read_stats
+        self.max_lora = max_lora
 
     def collect(self):
         stats, pending = self.read_stats()
@@ -75,12 +76,19 @@ class _EngineStatsCollector:
         yield counter("pagedkube_engine_captured_decode_steps",
                       "Decode steps run through the captured program (--decode-capture); the others ran eager.",
                       get("num_captured_steps"))
+        if self.max_lora is not None:   # vLLM's: the adapters in use, as labels; the value is the time of reading
+            info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                     labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"])
+            info.add_metric([",".join(get("running_lora_adapters") or ()), ",".join(get("waiting_lora_adapters") or ()),
+                             str(self.max_lora)], time.time())
+            yield info
 
 
 class EngineMetrics:
     """The engine server's metrics; the on_* methods are thread-safe (engine thread)."""
 
-    def __init__(self, model_name: str, read_stats: Callable[[], tuple[Any, int]]):
+    def __init__(self, model_name: str, read_stats: Callable[[], tuple[Any, int]], max_lora: int | None = None):
+        """max_lora: --max-loras with --enable-lora (then vllm:lora_requests_info is exported), else None."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
@@ -103,7 +111,7 @@ class EngineMetrics:
         self.queue_time = Histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
                                     labels, buckets=REQUEST_LATENCY_BUCKETS, registry=r).labels(model_name)
-        r.register(_EngineStatsCollector(model_name, read_stats))
+        r.register(_EngineStatsCollector(model_name, read_stats, max_lora))
 
     def on_first_token(self, ttft: float, num_prompt_tokens: int) -> None:
         self.ttft.observe(ttft)

@@ -10,11 +10,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.server.access_log import observe_generation
 from pagedkube.engine.server.errors import APIError, sse_error_event
 from pagedkube.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                               TokenizeChatRequest, TokenizeRequest)
 from pagedkube.engine.server.responses import ChatFormatter, CompletionFormatter
+from pagedkube.engine.server.lora_routes import adapter_cards
 from pagedkube.engine.server.generation import ClientDisconnected, Generation, collect, new_request_id
 from pagedkube.engine.server.prepare import Prepared, prepare, render_chat, tokenizer_for, tool_output_parser
 from pagedkube.engine.server.state import ServerState
@@ -99,35 +101,36 @@ async def _first_update_before_headers(gen: Generation, updates: AsyncIterator[t
 
 
 async def _checked_and_prepared(request: Request, body: CompletionRequest | ChatCompletionRequest) \
-        -> tuple[ServerState, Prepared]:
-    """The checks every generation request passes, then its prompt tokenized and its limits applied."""
+        -> tuple[ServerState, Prepared, LoRARequest | None]:
+    """The checks every generation request passes, then its prompt tokenized and its limits applied;
+    the adapter the request's `model` names (None: the base model)."""
     state = _state(request)
     state.check_accepting()
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     body.check_supported()
     state.warn_unknown_fields(body)
-    return state, await prepare(state, body)
+    return state, await prepare(state, body), lora
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    state, prepared = await _checked_and_prepared(request, body)
+    state, prepared, lora = await _checked_and_prepared(request, body)
     request_id = new_request_id("cmpl")
-    fmt = CompletionFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n,
+    fmt = CompletionFormatter(request_id, lora.lora_name if lora else state.model_name, prepared, state.info.tokenizer, body.n,
                               logprobs=body.logprobs, echo=body.echo)
-    return await _respond(request, Generation(state, request_id, prepared), fmt, body)
+    return await _respond(request, Generation(state, request_id, prepared, lora), fmt, body)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    state, prepared = await _checked_and_prepared(request, body)
+    state, prepared, lora = await _checked_and_prepared(request, body)
     request_id = new_request_id("chatcmpl")
     top = (body.top_logprobs or 0) if body.logprobs else None
     last = body.messages[-1].to_template()
     echo = last["content"] if body.echo and last["role"] == "assistant" else ""
-    fmt = ChatFormatter(request_id, state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top,
+    fmt = ChatFormatter(request_id, lora.lora_name if lora else state.model_name, prepared, state.info.tokenizer, body.n, top_logprobs=top,
                         echo=echo, tool_parser=tool_output_parser(state, body))
-    return await _respond(request, Generation(state, request_id, prepared), fmt, body)
+    return await _respond(request, Generation(state, request_id, prepared, lora), fmt, body)
 
 
 def _model_card(state: ServerState) -> dict:
@@ -145,13 +148,15 @@ async def version() -> dict:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    return {"object": "list", "data": [_model_card(_state(request))]}
+    state = _state(request)
+    return {"object": "list", "data": [_model_card(state), *adapter_cards(state)]}
 
 
 @router.get("/v1/models/{model:path}")
 async def retrieve_model(model: str, request: Request) -> dict:
     state = _state(request)
-    state.check_model(model)
+    if state.check_model(model) is not None:
+        return next(card for card in adapter_cards(state) if card["id"] == model)
     return _model_card(state)
 
 

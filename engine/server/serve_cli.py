@@ -80,7 +80,9 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
         decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
         structured_outputs_backend=args.structured_outputs_backend,
-        grammar_compile_timeout=args.grammar_compile_timeout)
+        grammar_compile_timeout=args.grammar_compile_timeout, tensor_parallel_size=args.tensor_parallel_size,
+        enable_lora=bool(args.enable_lora), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
                         api_key=args.api_key or None,
                         max_waiting=None if args.max_waiting is not None and args.max_waiting < 0 else args.max_waiting,
@@ -88,7 +90,21 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         max_request_tokens=args.max_request_tokens, heartbeat_timeout=args.heartbeat_timeout,
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
                         head_limits=head_limits_from_args(args), observability=observability_from_args(args),
-                        tool_call_parser=args.tool_call_parser, generation_config=args.generation_config)
+                        tool_call_parser=args.tool_call_parser, generation_config=args.generation_config,
+                        lora_modules=tuple(args.lora_modules or ()),
+                        allow_runtime_lora_updating=bool(args.allow_runtime_lora_updating))
+
+
+def check_parallel_sizes(engine: EngineConfig) -> None:
+    """A --tensor-parallel-size that cannot split the model: ValueError before anything starts."""
+    if engine.tensor_parallel_size == 1:
+        return
+    from pagedkube.engine.distributed.checks import check_tensor_parallel
+    from pagedkube.engine.model_config import ModelConfig
+    from pagedkube.model_source import resolve_model_source
+
+    model_dir = resolve_model_source(engine.model).path
+    check_tensor_parallel(ModelConfig.from_pretrained(model_dir), engine.tensor_parallel_size)
 
 
 def port_unavailable(host: str, port: int) -> str | None:
@@ -129,6 +145,7 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         config = build_config(args)
+        check_parallel_sizes(config.engine)
     except ValueError as exc:
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.constraints import ConstraintCheck
-from pagedkube.echo import echo
 from pagedkube.engine.server.engine_client import EngineClient, EngineInfo
 from pagedkube.engine.server.errors import APIError
-from pagedkube.openai_errors import DRAINING, MODEL_NOT_FOUND, NOT_READY
+from pagedkube.engine.server.lora_routes import LoRARegistry, resolve_model
+from pagedkube.openai_errors import DRAINING, NOT_READY
 from pagedkube.piece_cache import CachedEncoder
 
 if TYPE_CHECKING:
+    from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.server.cache_feed import FeedWaiters
     from pagedkube.engine.server.metrics import EngineMetrics
     from pagedkube.engine.server.tool_parsers import ToolParser
@@ -48,6 +49,7 @@ class ServerState:
     tool_parser: ToolParser | None = None   # for tool_choice "auto" (tool_parsers.py), set with info
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)   # --generation-config's, set with info
     constraint_check: ConstraintCheck = field(default_factory=ConstraintCheck)   # parses each new constraint once
+    loras: LoRARegistry = field(default_factory=LoRARegistry)   # adapters served by name (lora_routes.py)
     _info: EngineInfo | None = field(default=None, repr=False)
     _chat_encoder: CachedEncoder | None = field(default=None, repr=False)
     _warned_fields: set[str] = field(default_factory=set, repr=False)
@@ -99,9 +101,9 @@ class ServerState:
     def ready(self) -> bool:
         return self.loaded and not self.refusing and self.engine.running and self.engine.healthy
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"The model `{echo(model)}` does not exist.", param="model", code=MODEL_NOT_FOUND)
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter `model` names (None: the base model); APIError 404 for any other name."""
+        return resolve_model(self, model)
 
     def check_accepting(self) -> None:
         if self.refusing:

@@ -35,16 +35,17 @@ def tokens_bytes(token_ids: Sequence[int]) -> bytes:
 
 
 def routing_input(token_ids: Sequence[int], head_ids: Sequence[int] | None, *, block_size: int, seed: str,
-                  ring_key_blocks: int, cache_salt: str | None) -> RoutingInput:
-    """`head_ids` None: the whole prompt is the head (completions)."""
-    hashes = hashing.block_hashes(token_ids, block_size, seed=seed, cache_salt=cache_salt)
+                  ring_key_blocks: int, cache_salt: str | None, lora_name: str | None = None) -> RoutingInput:
+    """`head_ids` None: the whole prompt is the head (completions). `lora_name`: the adapter the
+    request names (its blocks hash apart from the base model's, as the engine's do)."""
+    hashes = hashing.block_hashes(token_ids, block_size, seed=seed, cache_salt=cache_salt, lora_name=lora_name)
     head = token_ids if head_ids is None else head_ids
     key_blocks = min(len(head) // block_size, ring_key_blocks)
     n = key_blocks * block_size
     if key_blocks and (head_ids is None or list(token_ids[:n]) == list(head[:n])):
         key = hashes[key_blocks - 1]  # the head starts the prompt: its chained hash is there already
     elif key_blocks:
-        key = hashing.block_hashes(head[:n], block_size, seed=seed, cache_salt=cache_salt)[-1]
+        key = hashing.block_hashes(head[:n], block_size, seed=seed, cache_salt=cache_salt, lora_name=lora_name)[-1]
     else:
         key = digest(b"short", cache_salt, tokens_bytes(head))
     return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),

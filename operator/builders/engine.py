@@ -30,6 +30,9 @@ ENGINE_CONTAINER = "engine"
 # startup probe holds liveness off for up to 30 min.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 180
+# /dev/shm of a tensor-parallel GPU pod: NCCL's troubleshooting guide has containers started with
+# --shm-size=1g; it counts against the pod's memory only as far as it is used
+NCCL_SHM_SIZE = "1Gi"
 
 
 def engine_image(svc: LLMServiceSpec) -> str:
@@ -52,6 +55,8 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
         optional += ["--max-model-len", str(e.max_model_len)]
     if e.max_num_batched_tokens:
         optional += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.tensor_parallel_size > 1:       # the same flag in both runtimes
+        optional += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
     if e.runtime == "vllm":
         assert model_path is not None, "vllm needs a model path (validated in spec)"
         tools = ([] if e.tool_call_parser in ("auto", "none")    # vLLM has no template detection
@@ -99,8 +104,13 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
     ready_path = "/health" if e.runtime == "vllm" else "/ready"
     volumes = [TMP_VOLUME, *mount.volumes]
     mounts = [TMP_MOUNT, *mount.mounts]
-    if e.runtime == "vllm":  # NCCL and vLLM's worker processes share memory through /dev/shm
-        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+    if e.runtime == "vllm" or (e.num_gpus and e.tensor_parallel_size > 1):
+        # NCCL and vLLM's worker processes share memory through /dev/shm; the container runtime's
+        # default is 64 MiB, too little for NCCL between the GPUs of one pod
+        shm: dict[str, Any] = {"medium": "Memory"}
+        if e.tensor_parallel_size > 1:
+            shm["sizeLimit"] = NCCL_SHM_SIZE
+        volumes.append({"name": "shm", "emptyDir": shm})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     container = {
         "name": ENGINE_CONTAINER,

@@ -35,6 +35,9 @@ SPECS = {
     },
     "pvc-vllm": {"model": {"source": "pvc://weights/llama/8b"},
                  "engine": {"runtime": "vllm", "blockSize": 32}},
+    "hf-gpu-tp8": {"model": {"source": "hf://meta-llama/Llama-3.1-70B-Instruct"},
+                   "engine": {"tensorParallelSize": 8, "maxModelLen": 8192,
+                              "resources": {"limits": {"nvidia.com/gpu": 8, "memory": "320Gi"}}}},
 }
 
 
@@ -249,6 +252,30 @@ def test_vllm_runtime_runs_the_upstream_image_with_equivalent_arguments() -> Non
     assert "--pending-ttl" not in gateway["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_tensor_parallel_engine_gets_one_gpu_per_rank_and_a_sized_shm() -> None:
+    """70B on 8 GPUs in one pod: --tensor-parallel-size 8, 8 GPUs (validated equal), /dev/shm for NCCL."""
+    pod = children("hf-gpu-tp8")["Deployment/demo-engine"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"][c["args"].index("--tensor-parallel-size") + 1] == "8"
+    assert c["args"][c["args"].index("--device") + 1] == "cuda"
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8, "memory": "320Gi"}}
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}} in pod["volumes"]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # At TP=1 (the default) the flag is absent, and a CPU engine has no /dev/shm volume.
+    cpu = children("builtin-cpu")["Deployment/demo-engine"]["spec"]["template"]["spec"]
+    assert "--tensor-parallel-size" not in cpu["containers"][0]["args"]
+    assert all(v["name"] != "shm" for v in cpu["volumes"])
+
+
+def test_tensor_parallel_on_cpu_passes_the_flag_without_gpus() -> None:
+    svc = LLMServiceSpec.from_body(body({"model": {"source": "builtin://tiny"}, "engine": {"tensorParallelSize": 2}}))
+    (engine,) = [c for c in build_children(svc, with_service_monitor=False) if c["metadata"]["name"] == "demo-engine"
+                 and c["kind"] == "Deployment"]
+    (c,) = engine["spec"]["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--tensor-parallel-size") + 1] == "2" and "--device" not in c["args"]
+    assert kubernetes_validate.validate(engine, K8S_VERSION, strict=True) == K8S_VERSION
+
+
 def test_service_monitor_scrapes_both_parts_only_when_the_crd_exists() -> None:
     sm = children("builtin-cpu")["ServiceMonitor/demo"]
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
@@ -280,6 +307,13 @@ def test_pdb_allows_draining_one_engine_at_a_time() -> None:
     ({"model": {"source": "hf://org/name@../main"}}, "has a '..' segment"),
     ({"model": {"source": "builtin://tiny"}, "gateway": {"requireApiKey": False, "apiKeySecretRef": {"name": "k"}}},
      "spec.gateway.requireApiKey false contradicts"),
+    ({"model": {"source": "builtin://tiny"}, "engine": {"tensorParallelSize": 0}},
+     r"spec.engine.tensorParallelSize must be an integer >= 1, got 0"),
+    ({"model": {"source": "builtin://tiny"}, "engine": {"tensorParallelSize": 128}},
+     r"spec.engine.tensorParallelSize must be <= 64, got 128"),
+    ({"model": {"source": "hf://org/big"}, "engine": {"tensorParallelSize": 8,
+                                                      "resources": {"limits": {"nvidia.com/gpu": 4}}}},
+     r"spec.engine.resources.limits\[nvidia.com/gpu\] is 4, but tensorParallelSize 8 runs one rank per GPU"),
 ])
 def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -69,7 +69,8 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     assert obj["spec"]["replicas"] == 1
     assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
                                      "requireApiKey": True, "toolCallParser": "auto",
-                                     "structuredOutputsBackend": "auto"}   # drainTimeoutSeconds: the operator derives it
+                                     "structuredOutputsBackend": "auto", "tensorParallelSize": 1}
+    # drainTimeoutSeconds has no schema default: the operator derives it
     assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
     assert obj["spec"]["gateway"]["routeHeaders"] is False
     assert obj["spec"]["networkPolicy"] == {"enabled": True}   # metricsFrom unset: the operator's default
@@ -97,6 +98,10 @@ INVALID = [
     ("vllm builtin", variant(engine={"runtime": "vllm"}), ".spec: the vllm runtime cannot serve builtin:// models"),
     ("bad runtime", variant(engine={"runtime": "tgi"}), "spec.engine.runtime: 'tgi' is not one of"),
     ("bad block size", variant(engine={"blockSize": 24}), "spec.engine.blockSize: 24 is not one of"),
+    ("zero ranks", variant(engine={"tensorParallelSize": 0}),
+     "spec.engine.tensorParallelSize: 0 is less than the minimum of 1"),
+    ("too many ranks", variant(engine={"tensorParallelSize": 65}),
+     "spec.engine.tensorParallelSize: 65 is greater than the maximum of 64"),
     ("negative replicas", variant(replicas=-1), "spec.replicas: -1 is less than the minimum of 0"),
     ("load bound below 1", variant(gateway={"routing": {"loadBound": 0.9}}),
      "spec.gateway.routing.loadBound: 0.9 is less than the minimum of 1.0"),
