@@ -145,17 +145,17 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         config = build_config(args)
-        check_parallel_sizes(config.engine)
     except ValueError as exc:
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     busy = port_unavailable(config.host, config.port)
-    if busy:   # before the model loads, not a minute later
+    if busy:   # before the model loads (or downloads), not a minute later
         print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
         return 2
     try:
         if hub_model_of(config.engine.model) is not None:   # local paths: the engine's build says (one line)
             resolve_model(config.engine.model)
+        check_parallel_sizes(config.engine)     # reads the model's config (a Hub one: from the cache now)
     except ValueError as exc:
         if args.log_level == "debug":
             logger.exception("the model cannot be served")
