@@ -20,12 +20,14 @@ never imports torch. Hence the lazy attributes below.
     model_runner.py      one forward pass over a scheduled batch (torch)
     model_config.py      what the runner reads from config.json
     loader.py            builds the decoder and loads safetensors or GGUF weights
+    cache_lock.py        one process at a time making a cache entry (GGUF conversion, kernel timings)
     decode_capture.py    decode steps as one captured program (torch.compile / CUDA graphs)
     sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)
     penalties.py         repetition, presence and frequency penalties, logit bias
     output_processor.py  tokens -> text, stop strings, logprobs
-    cli.py               registers the `generate` and `serve` subcommands
+    cli.py               registers the `generate`, `serve` and `download` subcommands
     generate_cli.py      `pagedkube generate`
+    download_cli.py      `pagedkube download`: a Hub model into the cache, ready to serve
     attention/           paged attention: torch reference and Triton kernels
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)

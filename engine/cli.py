@@ -1,4 +1,4 @@
-"""Subcommands of the engine part: `generate` and `serve` (torch-free at import)."""
+"""Subcommands of the engine part: `generate`, `serve` and `download` (torch-free at import)."""
 
 
 def register(subparsers) -> None:
@@ -7,3 +7,5 @@ def register(subparsers) -> None:
     add_generate_parser(subparsers)
     from pagedkube.engine.server.serve_cli import add_serve_parser
     add_serve_parser(subparsers)
+    from pagedkube.engine.download_cli import add_download_parser
+    add_download_parser(subparsers)

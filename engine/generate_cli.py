@@ -44,6 +44,9 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_generate(args: argparse.Namespace) -> int:
     from pagedkube.engine.llm import LLM
+    from pagedkube.hub_download import log_progress_to_stderr
+
+    log_progress_to_stderr()
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)

@@ -72,10 +72,10 @@ class LLMEngine:
         offline LLM does; the server's engine core passes its own sink instead, so the
         log lives only in the HTTP process."""
         from pagedkube.engine.model_runner import ModelRunner
-        from pagedkube.model_source import resolve_model_source
+        from pagedkube.model_source import model_name
 
         self.config = config
-        self.model_name = resolve_model_source(config.model).name
+        self.model_name = model_name(config.model)
         self.runner = ModelRunner(config)
         model_dir = self.runner.model_config.model_dir   # a GGUF's converted files live in the cache
         self.tokenizer = engine_tokenizer(config, model_dir)

@@ -34,6 +34,12 @@ DTYPE_NAMES = {"float32": "float32", "float": "float32", "float16": "float16", "
                "bfloat16": "bfloat16"}
 
 
+def check_hub_config(raw: dict[str, Any]) -> None:
+    """A Hub repo's config.json, checked before its weights are downloaded: ValueError naming
+    an architecture (or a setting) the engine does not implement."""
+    ModelConfig.from_dict(raw, model_dir="config.json")
+
+
 @dataclass(slots=True)
 class ModelConfig:
     model_dir: str

@@ -137,10 +137,13 @@ def has_cxx_toolchain() -> bool:
 
 
 def resolve_model_dir(model: str | None) -> str:
-    """The local model directory or GGUF file a --model value names (pagedkube.model_source)."""
+    """The local model directory or GGUF file a --model value names (pagedkube.model_source);
+    a Hub model's config is checked before its weights are downloaded."""
+    from pagedkube.engine.gguf.config import check_gguf_architecture
+    from pagedkube.engine.model_config import check_hub_config
     from pagedkube.model_source import resolve_model_source
 
-    return str(resolve_model_source(model).path)
+    return str(resolve_model_source(model, check_hub_config, check_gguf_architecture).path)
 
 
 def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig, gguf: GGUFFile | None = None) -> bool:

@@ -24,6 +24,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--allow-gateway-image", action="store_true",
                    help="let LLMServices choose their gateway image (spec.gateway.image); off by default, since "
                         "the gateway runs with a ServiceAccount that may scale engines and read EndpointSlices")
+    p.add_argument("--model-cache-host-path", default="", metavar="PATH",
+                   help="a node folder every engine pod of a Hub model mounts as its download cache (HF_HOME), "
+                        "unless its LLMService names spec.model.cache (default: none, an emptyDir per pod)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=run)
 
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     register_handlers(registry, namespaces=args.namespace, resync_interval_s=args.resync_interval)
     kube = Kube(default_api_client())
     memo = kopf.Memo(reconciler=Reconciler(kube=kube, emit=kube.create_event,
-                                           allow_gateway_image=args.allow_gateway_image))
+                                           allow_gateway_image=args.allow_gateway_image,
+                                           model_cache_host_path=args.model_cache_host_path))
     kopf.run(registry=registry, memo=memo, standalone=args.standalone, liveness_endpoint=args.liveness,
              clusterwide=not args.namespace, namespaces=args.namespace)
     return 0

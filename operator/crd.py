@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkube.model_source import PVC_CLAIM
 from pagedkube.operator import naming, spec as d
 
 
@@ -52,12 +53,22 @@ PULL_POLICY = _str("Image pull policy.", enum=["Always", "IfNotPresent", "Never"
 MODEL = _obj({
     "name": _str("Served model name (the `model` field of requests). Default: the source's last path part.",
                  maxLength=253),
-    "source": _str("hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, builtin://tiny or builtin://smollm2-135m-instruct.",
+    "source": _str("A Hugging Face Hub repo, [hf://]ORG/NAME[@REVISION], or a GGUF in one, ORG/NAME:QUANT or "
+                   "ORG/NAME/FILE.gguf; pvc://CLAIM/PATH; builtin://tiny or builtin://smollm2-135m-instruct.",
                    pattern=d.SOURCE_PATTERN, maxLength=512),
     "hfTokenSecretRef": _secret_ref("Secret with key HF_TOKEN, for gated or private Hugging Face models."),
+    "cache": _obj({"claimName": _str("PersistentVolumeClaim (ReadWriteMany to share it across nodes) that holds "
+                                     "the Hub download cache (HF_HOME) of every engine pod.",
+                                     pattern=f"^{PVC_CLAIM}$", maxLength=63)},
+                  "Where a Hub source's downloads live. Default: the node-local cache when the operator has "
+                  "one (--model-cache-host-path), else an emptyDir per pod.", required=["claimName"]),
 }, "Which model to serve.", required=["source"], **{"x-kubernetes-validations": [{
-    "rule": "self.source.startsWith('hf://') || self.source.startsWith('pvc://') || self.source.startsWith('builtin://')",
-    "message": "model.source must use the hf://, pvc:// or builtin:// scheme",
+    "rule": "!self.source.contains('://') || self.source.startsWith('hf://') || self.source.startsWith('pvc://')"
+            " || self.source.startsWith('builtin://')",
+    "message": "model.source must be ORG/NAME or use the hf://, pvc:// or builtin:// scheme",
+}, {
+    "rule": "!has(self.cache) || !self.source.contains('://') || self.source.startsWith('hf://')",
+    "message": "model.cache holds Hub downloads; a pvc:// or builtin:// source has nothing to cache",
 }, {
     "rule": f"!self.source.matches('{d.DOT_DOT_SEGMENT}')",
     "message": "model.source must not have a '..' segment",

@@ -48,6 +48,7 @@ class Reconciler:
     now: Callable[[], str] = utcnow
     token: Callable[[], str] = random_token
     allow_gateway_image: bool = False   # `pagedkube operator --allow-gateway-image`: spec.gateway.image is used
+    model_cache_host_path: str = ""     # `pagedkube operator --model-cache-host-path`: the node-local model cache
 
     def desired(self, body: Mapping[str, Any], svc: LLMServiceSpec | None = None) -> list[dict[str, Any]]:
         """`svc`: the parsed spec of `body` (parsed here when not given; raises ValueError for an
@@ -65,7 +66,8 @@ class Reconciler:
         self._created_once(body, build_gateway_lease(svc), "the autoscaler's, empty")
         return [with_hash(c) for c in build_children(svc, with_service_monitor=with_monitor,
                                                      secret_version=version, keys_version=keys,
-                                                     allow_gateway_image=self.allow_gateway_image)]
+                                                     allow_gateway_image=self.allow_gateway_image,
+                                                     model_cache_host_path=self.model_cache_host_path)]
 
     def _created_once(self, body: Mapping[str, Any], obj: dict[str, Any], what: str) -> dict[str, Any] | None:
         """Creates `obj` if no object of its name exists; the new object, or None when one existed.

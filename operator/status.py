@@ -69,6 +69,18 @@ def pod_problem(pod: Mapping[str, Any]) -> Problem | None:
     return None
 
 
+def downloading(pod: Mapping[str, Any]) -> str | None:
+    """What a pod whose model-download init container runs is doing, for the Ready message (the
+    container logs the bytes so far; the operator reads no logs, it points at them)."""
+    name = pod.get("metadata", {}).get("name", "?")
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        running = (cs.get("state") or {}).get("running")
+        if cs.get("name") == DOWNLOAD_CONTAINER and running:
+            return (f"pod {name} is downloading the model (since {running.get('startedAt', '?')}); progress: "
+                    f"kubectl logs {name} -c {DOWNLOAD_CONTAINER}")
+    return None
+
+
 def deployment_problem(deployment: Mapping[str, Any]) -> Problem | None:
     for cond in (deployment.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
@@ -96,6 +108,7 @@ def compute_status(*, name: str, namespace: str, generation: int, desired_replic
                    old_conditions: Iterable[Mapping[str, Any]] = (), now: str,
                    invalid_spec: str | None = None) -> dict[str, Any]:
     """The whole `status` of an LLMService (replaces the old one)."""
+    pods = list(pods)
     dstatus = (deployment or {}).get("status") or {}
     replicas = int(dstatus.get("replicas") or 0)
     ready = int(dstatus.get("readyReplicas") or 0)
@@ -123,7 +136,14 @@ def compute_status(*, name: str, namespace: str, generation: int, desired_replic
     elif ready > 0:
         ready_cond = _condition("Ready", True, "EnginesReady", summary, generation)
     else:
-        reason, message = (problem.reason, problem.message) if problem else ("EnginesStarting", summary)
+        fetching = [m for p in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", ""))
+                    if (m := downloading(p))]
+        if problem:
+            reason, message = problem.reason, problem.message
+        elif fetching:
+            reason, message = "ModelDownloading", f"{summary}; " + "; ".join(fetching)
+        else:
+            reason, message = "EnginesStarting", summary
         ready_cond = _condition("Ready", False, reason, message, generation)
 
     rolled_out = (deployment is not None and dgen_seen >= dgen and updated == desired_replicas

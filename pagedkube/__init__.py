@@ -11,6 +11,8 @@ and operator/ in the repository; docs/design.md "Layout").
     chat_messages.py   OpenAI messages and tools as a chat template reads them (engine and gateway)
     piece_cache.py     tokenization with a cache of the text between added tokens
     model_source.py    what a --model value names
+    hub_model.py       a Hugging Face Hub model by name (ORG/NAME, ORG/NAME:QUANT) and the files the engine reads
+    hub_download.py    those files from huggingface_hub's cache, or downloaded into it (progress, one-line errors)
     openai_errors.py   OpenAI's error shape and our codes (engine and gateway)
     llmservice.py      the LLMService's group, version, kind, plural (operator and autoscaler)
     defaults.py        default_of(Config, "field"): flag defaults read from the config dataclasses

@@ -9,7 +9,7 @@ import pytest
 
 from kubeutil import ROOT, Kube, Processes
 from nodeutil import NODE_NAME, engine_pods, forward_to_gateway, llmservice
-from hfhub import HubRepo, HubServer
+from hfhub import HubRepo, HubServer  # tests/helpers/hfhub.py (pyproject pythonpath)
 
 NS = "e2e-hf"
 NAME = "hf"

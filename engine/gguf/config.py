@@ -35,11 +35,18 @@ KEYS = {
 }
 
 
+def check_gguf_architecture(arch: str) -> None:
+    """ValueError naming an architecture the engine does not implement."""
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}")
+
+
 def gguf_config(f: GGUFFile) -> dict[str, Any]:
     arch = f.architecture
-    if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"{f.path.name}: unsupported GGUF architecture {arch!r}; "
-                         f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}")
+    try:
+        check_gguf_architecture(arch)
+    except ValueError as e:
+        raise ValueError(f"{f.path.name}: {e}") from None
     meta = f.metadata
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):

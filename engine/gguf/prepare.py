@@ -12,9 +12,11 @@ transformers, building 49K merges), so the result is cached:
     <cache>/gguf/<sha256 of the file>-v<CONVERTER_VERSION>/   config.json, tokenizer files, done.json
 
 Keyed by content, never by path or mtime, so a changed file can never meet a stale
-conversion; CONVERTER_VERSION changes when what we write changes. Written into a
-temporary sibling and renamed into place, so concurrent engines (`pagedkube up` starts
-two) never see a half-written folder. The weights are not cached: they are dequantized
+conversion; CONVERTER_VERSION changes when what we write changes. Made under a lock per
+file content (engine/cache_lock.py), so of two engines starting together (`pagedkube up`
+starts two, pods of a node share a cache) one converts and the other waits and finds the
+result; written into a temporary sibling and renamed into place, so no reader ever sees a
+half-written folder. The weights are not cached: they are dequantized
 from the file at every load (engine/gguf/weights.py), which takes about as long as
 reading a converted copy would.
 """
@@ -25,8 +27,10 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
+from pagedkube.engine.cache_lock import cache_lock
 from pagedkube.engine.gguf.config import gguf_config
 from pagedkube.engine.gguf.reader import GGUFFile, file_sha256
 
@@ -35,6 +39,7 @@ log = logging.getLogger(__name__)
 CONVERTER_VERSION = 1
 DONE_FILE = "done.json"
 CACHE_ENV = "PAGEDKUBE_CACHE_DIR"
+HASH_LOG_BYTES = 1 << 30     # hashing a file this big takes seconds: say so
 
 
 def cache_root() -> Path:
@@ -70,6 +75,8 @@ def write_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
 def gguf_model_dir(gguf_path: str | Path) -> Path:
     """The converted folder for this file (made now if the cache lacks it)."""
     path = Path(gguf_path)
+    if path.stat().st_size >= HASH_LOG_BYTES:
+        log.info("hashing %s (%.1f GB) to find its conversion", path.name, path.stat().st_size / 1e9)
     sha = file_sha256(path)
     root = cache_root() / "gguf"
     out = root / f"{sha}-v{CONVERTER_VERSION}"
@@ -78,7 +85,17 @@ def gguf_model_dir(gguf_path: str | Path) -> Path:
     f = GGUFFile(path)
     config = gguf_config(f)      # unsupported architectures fail here, before any conversion
     f.check_types()
-    root.mkdir(parents=True, exist_ok=True)
+    with cache_lock(root / f"{out.name}.lock", f"converting {path.name}") as waited:
+        if (out / DONE_FILE).is_file():     # another process converted it meanwhile
+            log.info("%s: converted by another process%s; using %s", path.name,
+                     " while this one waited" if waited else "", out)
+            return out
+        _convert(path, sha, config, root, out)
+    return out
+
+
+def _convert(path: Path, sha: str, config: dict, root: Path, out: Path) -> None:
+    start = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}-", dir=root))
     try:
         log.info("converting %s (sha256 %s) into %s", path.name, sha[:12], out)
@@ -86,11 +103,7 @@ def gguf_model_dir(gguf_path: str | Path) -> Path:
         write_tokenizer_files(path, tmp)
         (tmp / DONE_FILE).write_text(json.dumps({"sha256": sha, "source_name": path.name,
                                                  "converter_version": CONVERTER_VERSION}))
-        try:
-            tmp.rename(out)
-        except OSError:          # another process finished first: keep its folder
-            if not (out / DONE_FILE).is_file():
-                raise
+        tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    log.info("converted %s in %.1f s", path.name, time.monotonic() - start)

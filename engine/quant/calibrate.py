@@ -44,6 +44,7 @@ from typing import Callable
 
 import torch
 
+from pagedkube.engine.cache_lock import cache_lock
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
 from pagedkube.engine.quant.linear import DenseKernel, Kernel, SplitKernel, int4pack_kernel, tinygemm_fits
 
@@ -232,18 +233,22 @@ class KernelCalibration:
         self.dtype, self.budget = dtype, budget
         self.cache_path = Path(cache_dir) / CACHE_FILE
         start = time.perf_counter()
+        keys = {shape: (names, cache_key(shape, dtype, names))
+                for shape in sorted(counts) for names in [candidates_for(shape, dtype)]}
         cache = self._read_cache()
-        timings: dict[Shape, dict[str, Timing]] = {}
         measured = 0
-        for shape in sorted(counts):
-            names = candidates_for(shape, dtype)
-            key = cache_key(shape, dtype, names)
-            if key not in cache:
-                cache[key] = {c: list(astuple(t)) for c, t in measure_fn(shape, names, dtype).items()}
-                measured += 1
-            timings[shape] = {c: Timing(*cache[key][c]) for c in names}
-        if measured:
-            self._write_cache(cache)
+        if any(key not in cache for _, key in keys.values()):
+            # One process measures at a time: two engines timing kernels at once would each
+            # time the other's load, and measure twice. The one that waited re-reads the table.
+            with cache_lock(self.cache_path.with_name(self.cache_path.name + ".lock"), "kernel calibration"):
+                cache = self._read_cache()
+                for shape, (names, key) in keys.items():
+                    if key not in cache:
+                        cache[key] = {c: list(astuple(t)) for c, t in measure_fn(shape, names, dtype).items()}
+                        measured += 1
+                if measured:
+                    self._write_cache(cache)
+        timings = {shape: {c: Timing(*cache[key][c]) for c in names} for shape, (names, key) in keys.items()}
         self.choices = plan(counts, timings, budget)
         self.used = sum(counts[s] * (timings[s][c.decode].bytes + (timings[s][c.prefill].bytes
                                                                     if c.prefill != c.decode else 0))

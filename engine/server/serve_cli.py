@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from pagedkube.defaults import default_of
@@ -17,6 +18,7 @@ from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.engine.server.sampling_defaults import read_generation_config
+from pagedkube.model_source import hub_model_of
 from pagedkube.observability import add_observability_args, observability_from_args
 from pagedkube.tokenizer import load_chat_template
 
@@ -121,17 +123,43 @@ def port_unavailable(host: str, port: int) -> str | None:
     return None
 
 
+def resolve_model(model: str | None) -> Path:
+    """--model resolved in the CLI's process, before the engine starts: a Hub model is downloaded
+    (or found in the cache; the engine core then finds it there without a Hub request,
+    pagedkube/hub_download.py) and a GGUF's architecture read, so that one that cannot be served
+    ends with one line and exit code 2 before anything loads. Its local path."""
+    from pagedkube.engine.gguf.config import check_gguf_architecture, gguf_config
+    from pagedkube.engine.gguf.reader import GGUFFile
+    from pagedkube.engine.model_config import check_hub_config
+    from pagedkube.model_source import resolve_model_source
+
+    source = resolve_model_source(model, check_hub_config, check_gguf_architecture)
+    if source.is_gguf:
+        gguf_config(GGUFFile(source.path))
+    return source.path
+
+
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_level != "debug":   # huggingface_hub's client logs every request at info
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         config = build_config(args)
-        check_parallel_sizes(config.engine)
     except ValueError as exc:
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     busy = port_unavailable(config.host, config.port)
-    if busy:   # before the model loads, not a minute later
+    if busy:   # before the model loads (or downloads), not a minute later
         print(f"pagedkube serve: error: cannot listen on {config.host}:{config.port}: {busy}", flush=True)
+        return 2
+    try:
+        if hub_model_of(config.engine.model) is not None:   # local paths: the engine's build says (one line)
+            resolve_model(config.engine.model)
+        check_parallel_sizes(config.engine)     # reads the model's config (a Hub one: from the cache now)
+    except ValueError as exc:
+        if args.log_level == "debug":
+            logger.exception("the model cannot be served")
+        print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     import uvicorn
 

@@ -52,11 +52,11 @@ def engine_args(args: argparse.Namespace) -> list[str]:
 
 
 def model_name(args: argparse.Namespace) -> str:
-    from pagedkube.model_source import resolve_model_source
+    from pagedkube.model_source import model_name as name_of
 
     if args.served_model_name:
         return args.served_model_name
-    return resolve_model_source(args.model).name
+    return name_of(args.model)
 
 
 def check_engine_args(argv: list[str]) -> None:
@@ -72,12 +72,18 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from pagedkube.access_log import DEFAULT_ACCESS_LOG
+    from pagedkube.engine.server.serve_cli import resolve_model
     from pagedkube.gateway.local.supervisor import Supervisor
+    from pagedkube.hub_download import log_progress_to_stderr
+    from pagedkube.model_source import hub_model_of
     from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
     check_engine_args(argv)
+    log_progress_to_stderr()
     try:
+        if hub_model_of(args.model) is not None:   # fetched once here, not by each engine
+            resolve_model(args.model)
         config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,

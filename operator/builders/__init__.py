@@ -25,19 +25,21 @@ from pagedkube.operator.spec import LLMServiceSpec
 
 
 def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_version: str = "",
-                   keys_version: str = "", allow_gateway_image: bool = False) -> list[dict[str, Any]]:
+                   keys_version: str = "", allow_gateway_image: bool = False,
+                   model_cache_host_path: str = "") -> list[dict[str, Any]]:
     """Every applied child, in apply order (RBAC and the NetworkPolicy before the pods).
 
     The generated Secrets are not among them: they are created once, not applied (reconcile.py);
     secret_version and keys_version are their digests, so the pods roll if one is ever made anew.
-    allow_gateway_image: the operator's --allow-gateway-image (spec.gateway.image is used)."""
+    allow_gateway_image: the operator's --allow-gateway-image (spec.gateway.image is used).
+    model_cache_host_path: the operator's --model-cache-host-path (the node-local model cache)."""
     children = [
         build_gateway_service_account(svc),
         build_gateway_role(svc),
         build_gateway_role_binding(svc),
         *([build_engine_network_policy(svc)] if svc.network_policy.enabled else []),
         build_engine_service(svc),
-        build_engine_deployment(svc, secret_version),
+        build_engine_deployment(svc, secret_version, model_cache_host_path),
         build_engine_pdb(svc),
         build_gateway_service(svc),
         build_gateway_deployment(svc, secret_version, keys_version, allow_image=allow_gateway_image),

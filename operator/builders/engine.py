@@ -13,13 +13,13 @@ both plus a margin.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from pagedkube.operator import naming
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, readiness_probe)
 from pagedkube.operator.builders.deployment import component_deployment
-from pagedkube.operator.builders.model import model_mount
+from pagedkube.operator.builders.model import ModelCache, model_mount
 from pagedkube.operator.builders.security import engine_api_key_env, hash_seed_env
 from pagedkube.operator.spec import LLMServiceSpec
 
@@ -71,24 +71,30 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
     return ["pagedkube"], [*args, *e.extra_args]
 
 
-def engine_env(svc: LLMServiceSpec) -> list[dict[str, Any]]:
+def engine_env(svc: LLMServiceSpec, model_env: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """model_env: the model mount's (HF_HOME on the model cache, ...), ahead of the runtime's defaults."""
     # vLLM reads its key from VLLM_API_KEY (and guards only its /v1 paths with it).
     key_var = "VLLM_API_KEY" if svc.engine.runtime == "vllm" else "PAGEDKUBE_API_KEY"
-    env = [*HOME_ENV, *engine_api_key_env(svc, key_var), *hash_seed_env(svc)]
+    env = [*HOME_ENV, *engine_api_key_env(svc, key_var), *hash_seed_env(svc), *(dict(v) for v in model_env)]
     if svc.engine.runtime == "vllm":
-        env += [{"name": "HF_HOME", "value": "/tmp/hf"},
-                {"name": "HF_HUB_OFFLINE", "value": "1"},
-                {"name": "VLLM_NO_USAGE_STATS", "value": "1"}]
+        given = {v["name"] for v in model_env}
+        env += [v for v in ({"name": "HF_HOME", "value": "/tmp/hf"},
+                            {"name": "HF_HUB_OFFLINE", "value": "1"},
+                            {"name": "VLLM_NO_USAGE_STATS", "value": "1"}) if v["name"] not in given]
     return env + [dict(v) for v in svc.engine.env]
 
 
-def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "") -> dict[str, Any]:
-    """secret_version: security.secret_version() of the generated Secret; a new one rolls the pods."""
+def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
+                            model_cache_host_path: str = "") -> dict[str, Any]:
+    """secret_version: security.secret_version() of the generated Secret; a new one rolls the pods.
+    model_cache_host_path: the operator's --model-cache-host-path (builders/model.py)."""
     e = svc.engine
     image = engine_image(svc)
-    mount = model_mount(svc.source, image=image, hf_token_secret=svc.hf_token_secret,
-                        security_context=container_security_context(), tmp_mount=TMP_MOUNT)
+    mount = model_mount(svc.source, runtime=e.runtime, image=image, hf_token_secret=svc.hf_token_secret,
+                        security_context=container_security_context(), tmp_mount=TMP_MOUNT,
+                        cache=ModelCache(svc.model_cache_claim, model_cache_host_path))
     command, args = engine_command(svc, mount.model_path)
+    args += mount.extra_args
     # The model download runs in the engine image with the engine's pull policy and
     # spec.engine.env (HF_ENDPOINT for a Hub mirror, HTTPS_PROXY, ...).
     for init in mount.init_containers:
@@ -112,7 +118,7 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "") -> di
         **maybe("imagePullPolicy", e.image_pull_policy),
         "command": command,
         "args": args,
-        "env": engine_env(svc),
+        "env": engine_env(svc, mount.env),
         "ports": [{"name": "http", "containerPort": naming.ENGINE_PORT, "protocol": "TCP"}],
         **maybe("resources", dict(e.resources)),
         "startupProbe": http_probe("/health", period_s=STARTUP_PERIOD_S, failure_threshold=STARTUP_FAILURES),

@@ -7,7 +7,6 @@ import pytest
 from pagedkube import __version__
 from pagedkube.operator import naming
 from pagedkube.operator.builders import build_children
-from pagedkube.operator.builders.model import DOWNLOAD_SCRIPT
 from pagedkube.operator.spec import LLMServiceSpec
 
 K8S_VERSION = "1.37"
@@ -113,7 +112,7 @@ def test_builtin_engine_on_cpu() -> None:
     assert d["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
-def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
+def test_hf_model_is_downloaded_by_an_init_container_into_the_model_cache_on_gpu() -> None:
     objs = children("hf-gpu-autoscaled")
     d = objs["Deployment/demo-engine"]
     pod = d["spec"]["template"]["spec"]
@@ -122,16 +121,23 @@ def test_hf_model_is_downloaded_by_an_init_container_on_gpu() -> None:
     assert d["spec"]["replicas"] == 2
     assert init["name"] == "model-download"
     assert init["image"] == c["image"]
-    assert init["command"] == ["python3", "-c", DOWNLOAD_SCRIPT]
-    assert init["args"] == ["Qwen/Qwen2.5-0.5B-Instruct", "main", "/models/model"]
+    assert init["command"] == ["pagedkube"]
+    # its one-line error is the termination message the LLMService's status shows
+    assert init["args"] == ["download", "Qwen/Qwen2.5-0.5B-Instruct@main", "--termination-log", "/dev/termination-log"]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in init["env"]
     # spec.engine.env and the pull policy reach the download too (a Hub mirror via HF_ENDPOINT)
     mirror = {"name": "HF_ENDPOINT", "value": "http://mirror.internal:8080"}
     assert mirror in c["env"] and mirror in init["env"]
     assert init["imagePullPolicy"] == c["imagePullPolicy"] == "Never"
-    assert {"name": "model", "emptyDir": {}} in pod["volumes"]
-    assert {"name": "model", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
-    assert c["args"] == ["serve", "--model", "/models/model", "--served-model-name", "qwen",
+    # No spec.model.cache and no node cache: an emptyDir holds HF_HOME; the engine reads it offline.
+    assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
+    cache = {"name": "model-cache", "mountPath": "/models/cache"}
+    assert cache in c["volumeMounts"] and cache in init["volumeMounts"]
+    home = {"name": "HF_HOME", "value": "/models/cache/huggingface"}
+    assert home in c["env"] and home in init["env"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
+    assert "HF_HUB_OFFLINE" not in {v["name"] for v in init["env"]}
+    assert c["args"] == ["serve", "--model", "Qwen/Qwen2.5-0.5B-Instruct@main", "--served-model-name", "qwen",
                          "--host", "0.0.0.0", "--port", "8000", "--block-size", "16", "--max-num-seqs", "256",
                          "--max-model-len", "4096", "--drain-timeout", "256", "--tool-call-parser", "auto",
                          "--structured-outputs-backend", "auto", "--device", "cuda", "--max-waiting", "64"]
@@ -285,7 +291,10 @@ def test_pdb_allows_draining_one_engine_at_a_time() -> None:
 
 @pytest.mark.parametrize("spec, message", [
     ({}, "spec.model.source is required"),
-    ({"model": {"source": "s3://bucket/model"}}, "is not hf://ORG/NAME"),
+    ({"model": {"source": "s3://bucket/model"}}, r"is not \[hf://\]ORG/NAME\[:QUANT\]"),
+    ({"model": {"source": "org/m:Q4_K_M"}, "engine": {"runtime": "vllm"}}, "not a GGUF in it"),
+    ({"model": {"source": "org/m", "cache": {"claimName": "Bad_Name"}}}, "is not a PersistentVolumeClaim name"),
+    ({"model": {"source": "pvc://w/m", "cache": {"claimName": "c"}}}, "has nothing to cache"),
     ({"model": {"source": "builtin://tiny"}, "engine": {"runtime": "vllm"}}, "vllm cannot serve builtin"),
     ({"model": {"source": "builtin://tiny"}, "replicas": 9, "autoscaling": {"enabled": True, "maxReplicas": 4}},
      "must lie within autoscaling"),

@@ -35,7 +35,8 @@ VALUE_SETS = {
                                                 "effect": "NoSchedule"}],
                                "priorityClassName": "system-cluster-critical",
                                "podAnnotations": {"sidecar.istio.io/inject": "false"}}},
-    "namespaced": {"operator": {"watchNamespaces": ["team-a", "team-b"], "extraArgs": ["--verbose"]},
+    "namespaced": {"operator": {"watchNamespaces": ["team-a", "team-b"], "extraArgs": ["--verbose"],
+                                "modelCacheHostPath": "/var/lib/pagedkube/models"},
                    "serviceAccount": {"create": False, "name": "my-operator"},
                    "dashboards": {"namespace": "monitoring", "annotations": {"grafana_folder": "pagedkube"}},
                    "crds": {"install": True, "keep": False}},
@@ -187,8 +188,8 @@ def test_values_reach_the_deployment(helm, tmp_path):
     objects = helm_template(helm, tmp_path, VALUE_SETS["namespaced"])
     pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
     assert pod["containers"][0]["args"] == ["operator", "--namespace", "team-a", "--namespace", "team-b",
-                                            "--standalone", "--liveness", "http://0.0.0.0:8080/healthz",
-                                            "--verbose"]
+                                            "--standalone", "--model-cache-host-path", "/var/lib/pagedkube/models",
+                                            "--liveness", "http://0.0.0.0:8080/healthz", "--verbose"]
     assert pod["serviceAccountName"] == "my-operator"
     assert not by_kind(objects, "ServiceAccount")
     digest = "sha256:" + "a" * 64
@@ -221,6 +222,7 @@ BAD_VALUES = [
     ({"operator": {"resources": {"requets": {"cpu": "1"}}}}, "requets"),
     ({"operator": {"replicas": 2}}, "replicas"),
     ({"operator": {"extraArgs": ["verbose"]}}, "extraArgs"),
+    ({"operator": {"modelCacheHostPath": "var/lib/models"}}, "modelCacheHostPath"),
     ({"serviceAccount": {"create": False}}, "name"),
     ({"crds": {"keep": "yes"}}, "keep"),
     ({"monitoring": {"podMonitor": {"enabled": True, "interval": "30 seconds"}}}, "interval"),

@@ -50,21 +50,31 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, log_dir: Path, *args: str, name: str = "server"):
+    def __init__(self, log_dir: Path, *args: str, name: str = "server", env: dict[str, str] | None = None):
+        """env: the whole environment of the server (default: this process's)."""
         self.port = free_port()
+        self.env = dict(os.environ if env is None else env)
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServerProcess":
+        return self.launch().wait_ready()
+
+    def launch(self) -> "ServerProcess":
+        """Starts the process (its own process group) without waiting for it."""
         model = os.environ.get("PAGEDKUBE_TEST_MODEL") or TEST_MODEL
         if "--model" not in self.args:
             self.args += ["--model", model]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env = {**self.env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "pagedkube", "serve", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        assert self.proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
