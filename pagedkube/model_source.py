@@ -143,6 +143,25 @@ def hub_model_of(model: str | Path | None) -> HubModel | None:
     return None
 
 
+def with_revision(model: str | None, revision: str | None) -> str | None:
+    """vLLM's --revision on a Hub name: ORG/NAME (or ORG/NAME:QUANT, hf://...) + REV -> ...@REV.
+    ValueError for a model that is not a Hub name or already names another revision."""
+    if revision is None:
+        return model
+    hub = hub_model_of(model)
+    if hub is None:
+        raise ValueError(f"--revision {revision!r} applies to Hugging Face Hub models; {model!r} is not one")
+    if hub.revision is not None:
+        if hub.revision != revision:
+            raise ValueError(f"two revisions: {model!r} and --revision {revision!r}")
+        return model
+    pinned = f"{model}@{revision}"
+    found = parse_hub_model(pinned)
+    if found is None or found.revision != revision:
+        raise ValueError(f"--revision {revision!r} is not a branch, tag or commit name")
+    return pinned
+
+
 def model_name(model: str | Path | None) -> str:
     """The served name of a --model value, without fetching a Hub model (its repo id)."""
     hub = hub_model_of(model)

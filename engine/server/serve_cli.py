@@ -18,7 +18,7 @@ from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.engine.server.sampling_defaults import read_generation_config
-from pagedkube.model_source import hub_model_of
+from pagedkube.model_source import hub_model_of, with_revision
 from pagedkube.observability import add_observability_args, observability_from_args
 from pagedkube.tokenizer import load_chat_template
 
@@ -72,7 +72,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         load_chat_template(args.chat_template)      # a missing file is found now, not after the model loads
     read_generation_config(args.generation_config)
     engine = EngineConfig(
-        model=args.model_tag or args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        model=with_revision(args.model_tag or args.model, args.revision), device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=args.enable_prefix_caching,
         tokenizer=args.tokenizer, chat_template=args.chat_template,

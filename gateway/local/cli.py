@@ -75,15 +75,16 @@ def run(args: argparse.Namespace) -> int:
     from pagedkube.engine.server.serve_cli import resolve_model
     from pagedkube.gateway.local.supervisor import Supervisor
     from pagedkube.hub_download import log_progress_to_stderr
-    from pagedkube.model_source import hub_model_of
+    from pagedkube.model_source import hub_model_of, with_revision
     from pagedkube.observability import ObservabilityConfig
 
     argv = engine_args(args)
     check_engine_args(argv)
     log_progress_to_stderr()
     try:
-        if hub_model_of(args.model) is not None:   # fetched once here, not by each engine
-            resolve_model(args.model)
+        model = with_revision(args.model, args.revision)
+        if hub_model_of(model) is not None:   # fetched once here, not by each engine
+            resolve_model(model)
         config = UpConfig(replicas=args.replicas, host=args.host, port=args.port, engine_args=argv,
                           model_name=model_name(args), autoscale=autoscaler_config_from_args(args),
                           hold_timeout=hold_timeout_from_args(args), routing=args.routing,

@@ -233,3 +233,24 @@ def test_a_snapshot_without_huggingface_hubs_file_listing_serves_offline(hub, tm
     assert trees.is_dir()                                   # written again: the next start asks nothing
     hub.clear()
     assert run_cli("download", CHAT, env=env).returncode == 0 and hub.seen() == []
+
+
+def test_revision_pins_the_commit_the_files_come_from(hub, tmp_path) -> None:
+    """vLLM's --revision: `serve ORG/NAME --revision SHA` is `serve ORG/NAME@SHA`: the files are
+    asked for at that commit, and a second start with the same pin asks the mirror nothing."""
+    sha = hub.repos[CHAT].sha
+    env = hub_env(hub, tmp_path)
+    hub.clear()
+    first = ServerProcess(tmp_path, "--model", CHAT, "--revision", sha, "--max-model-len", "256", name="pinned",
+                          env=env).start()
+    try:
+        assert chat(first)[0] == [CHAT]
+    finally:
+        first.stop()
+    asked = [p for m, p in hub.seen() if m == "GET" and "/resolve/" in p]
+    assert asked and all(f"/resolve/{sha}/" in p for p in asked), asked
+    hub.clear()
+    again = ServerProcess(tmp_path, "--model", f"{CHAT}@{sha}", "--max-model-len", "256", name="pinned-again",
+                          env=env).start()
+    again.stop()
+    assert hub.seen() == []

@@ -41,6 +41,16 @@ def test_vllm_flag_names_reach_the_configs(tmp_path) -> None:
     assert parse("--enable-prefix-caching").engine.enable_prefix_caching is True
 
 
+def test_revision_pins_a_hub_model() -> None:
+    assert parse("org/model", "--revision", "v1.0").engine.model == "org/model@v1.0"
+    assert parse("--model", "org/model:Q4_K_M", "--revision", "abc123").engine.model == "org/model:Q4_K_M@abc123"
+    assert parse("org/model@v1.0", "--revision", "v1.0").engine.model == "org/model@v1.0"
+    with pytest.raises(ValueError, match="two revisions: 'org/model@v1.0' and --revision 'v2'"):
+        parse("org/model@v1.0", "--revision", "v2")
+    with pytest.raises(ValueError, match="--revision 'v1' applies to Hugging Face Hub models; 'builtin://tiny'"):
+        parse("builtin://tiny", "--revision", "v1")
+
+
 def test_up_passes_the_switch_both_ways() -> None:
     from pagedkube.gateway.local.cli import engine_args
     assert engine_args(build_parser().parse_args(["up", "--no-enable-prefix-caching"])) == \
