@@ -34,6 +34,23 @@ def test_make_up_runs_pagedkube_up_with_the_default_model():
     assert "-e '.[engine,gateway]'" in run_install and "test" not in run_install
 
 
+def test_what_make_up_installs_holds_no_test_tool():
+    """pip's own resolution of `make up`'s install (`.[engine,gateway]`, the same pins), against
+    the package index, as a fresh clone would get it: no pytest, schemathesis or other test tool."""
+    import json
+    import subprocess
+    import sys
+
+    report = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                             "--report", "-", "-e", ".[engine,gateway]"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, check=True)
+    names = {re.sub(r"[-_.]+", "-", item["metadata"]["name"]).lower() for item in json.loads(report.stdout)["install"]}
+    assert {"torch", "fastapi", "xgrammar", "huggingface-hub"} <= names
+    test_only = {"pytest", "schemathesis", "hypothesis", "openai", "peft", "ruff", "mypy", "matplotlib",
+                 "vllm-router", "aws-cdk-lambda-layer-kubectl-v35", "kmock"}
+    assert not names & test_only, names & test_only
+
+
 def test_up_serves_smollm2_through_the_gateway(tmp_path):
     up = Up(tmp_path, model=None)
     try:
