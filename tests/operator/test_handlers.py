@@ -43,7 +43,7 @@ CHILD_RESOURCES = {
     "Role": "rbac.authorization.k8s.io/v1/roles", "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings",
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets", "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Secret": "v1/secrets",
-    "Lease": "coordination.k8s.io/v1/leases",
+    "Lease": "coordination.k8s.io/v1/leases", "ConfigMap": "v1/configmaps",
 }
 ALL_CHILDREN = 13   # build_children's 10 with a ServiceMonitor; the two generated Secrets and the Lease
 LLMSERVICE = "pagedkube.io/v1alpha1/llmservices"
