@@ -1,0 +1,88 @@
+"""--lora-modules-file (what the LLMService operator's spec.adapters becomes): a real `pagedkube
+serve` process serves the adapters a file lists, one of them a Hub repo fetched from a local Hub
+mirror, leaves out one that cannot load, and follows the file while it runs: an adapter it drops
+is a 404 and one it adds answers, with no restart."""
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+
+from hfhub import HubRepo, HubServer
+from lora_adapters import trained_adapters
+from pagedkube.builtin import builtin_model_dir
+
+from .conftest import ServerProcess
+from .test_hub_models import downloads, hub_env
+
+BASE = "tiny-base"
+DOGS_REPO = "pagedkube-test/dogs-lora"
+PROMPT = "My dog limps after a walk."
+
+
+@pytest.fixture(scope="module")
+def adapters():
+    return trained_adapters("tiny", builtin_model_dir())
+
+
+@pytest.fixture(scope="module")
+def hub(adapters):
+    server = HubServer([HubRepo.of(DOGS_REPO, adapters["dogs"])]).start()
+    yield server
+    server.close()
+
+
+def write(path, modules: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")            # replaced whole, as the kubelet swaps a ConfigMap's files
+    tmp.write_text(json.dumps(modules))
+    tmp.replace(path)
+
+
+def models(client: openai.OpenAI) -> list[str]:
+    return [m.id for m in client.models.list().data]
+
+
+def answer(client: openai.OpenAI, model: str) -> str:
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert r.model == model and r.usage.completion_tokens == 8
+    return r.choices[0].text
+
+
+def until_models(client: openai.OpenAI, expected: list[str], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while models(client) != expected:
+        assert time.monotonic() < deadline, f"models {models(client)}, waiting for {expected}"
+        time.sleep(0.5)
+
+
+def test_the_server_follows_its_modules_file(tmp_path, adapters, hub):
+    modules = tmp_path / "lora-modules.json"
+    write(modules, [{"name": "dogs", "path": DOGS_REPO}, {"name": "cats", "path": str(adapters["cats"])},
+                    {"name": "broken", "path": str(tmp_path / "no-such-adapter")}])
+    server = ServerProcess(tmp_path, "--served-model-name", BASE, "--max-model-len", "512", "--enable-lora",
+                           "--max-loras", "2", "--max-lora-rank", "16", "--lora-modules-file", str(modules),
+                           name="lora-file", env=hub_env(hub, tmp_path)).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        # The Hub adapter came from the mirror (its two PEFT files only); the broken one is left out.
+        assert models(client) == [BASE, "dogs", "cats"]
+        assert downloads(hub) == [f"/{DOGS_REPO}/adapter_config.json", f"/{DOGS_REPO}/adapter_model.safetensors"]
+        assert client.models.retrieve("dogs").root == DOGS_REPO
+        assert "LoRA adapter broken from" in server.log() and "not loaded" in server.log()
+        base, dogs, cats = answer(client, BASE), answer(client, "dogs"), answer(client, "cats")
+        assert dogs != base and cats != base
+
+        # The file drops cats and the broken one, and adds diet and the dogs adapter's local folder.
+        write(modules, [{"name": "dogs", "path": DOGS_REPO}, {"name": "diet", "path": str(adapters["diet"])},
+                        {"name": "dogs-local", "path": str(adapters["dogs"])}])
+        until_models(client, [BASE, "dogs", "diet", "dogs-local"])
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            answer(client, "cats")
+        assert answer(client, "dogs-local") == dogs      # the Hub's copy is the same adapter
+        assert answer(client, "diet") != base
+        assert answer(client, BASE) == base
+        assert server.proc is not None and server.proc.poll() is None
+    finally:
+        server.stop()
