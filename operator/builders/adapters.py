@@ -6,6 +6,8 @@ How an edit of spec.adapters reaches running engines without restarting them:
                --lora-modules objects ([{"name", "path"}], path = a Hub name or a mounted folder)
     kubelet    refreshes the file in every engine pod that mounts it (its sync period, about a
                minute; a ConfigMap volume, not a subPath, so the file does change in place)
+    init       the model-download init container of a Hub model fetches the listed Hub adapters
+               into the model cache too (`pagedkube download MODEL --lora-modules-file FILE`)
     engine     `pagedkube serve --lora-modules-file FILE` serves the listed adapters from start-up
                and, while it runs, loads what the file adds and unloads what it drops
                (engine/server/lora_file.py), as /v1/load_lora_adapter and /unload do
@@ -57,6 +59,15 @@ class LoRAPod:
     args: list[str] = field(default_factory=list)
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def fetch_adapters_too(download: dict[str, Any]) -> None:
+    """The model-download init container (builders/model.py) also fetches the Hub adapters the
+    ConfigMap lists at pod creation into the same cache, so engines start with them on disk;
+    one it cannot fetch is the engine's to retry (engine/download_cli.py), never a failed pod."""
+    download["args"] = [*download["args"], "--lora-modules-file", MODULES_FILE]
+    download["volumeMounts"] = [*download["volumeMounts"],
+                                {"name": MODULES_VOLUME, "mountPath": MODULES_MOUNT, "readOnly": True}]
 
 
 def claim_volume_name(claim: str) -> str:

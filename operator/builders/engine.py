@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pagedkube.operator import naming
-from pagedkube.operator.builders.adapters import lora_pod
+from pagedkube.operator.builders.adapters import fetch_adapters_too, lora_pod
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, readiness_probe)
 from pagedkube.operator.builders.deployment import component_deployment
@@ -104,6 +104,8 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
     for init in mount.init_containers:
         init.update(maybe("imagePullPolicy", e.image_pull_policy))
         init["env"] = [*init["env"], *(dict(v) for v in e.env)]
+        if svc.lora_enabled:
+            fetch_adapters_too(init)
     # vLLM's own health check is /health; it has no separate readiness endpoint.
     ready_path = "/health" if e.runtime == "vllm" else "/ready"
     volumes = [TMP_VOLUME, *mount.volumes, *lora.volumes]

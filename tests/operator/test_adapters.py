@@ -113,6 +113,10 @@ def test_the_engine_gets_lora_flags_the_modules_file_and_read_only_claims() -> N
     assert mounts["lora-modules"]["readOnly"] is True
     env = {v["name"]: v.get("value") for v in engine["env"]}
     assert env["HF_HOME"] == "/models/cache/huggingface" and "HF_HUB_OFFLINE" not in env   # Hub adapters at run time
+    (download,) = template["spec"]["initContainers"]
+    assert download["args"] == ["download", "clinic/base-model", "--termination-log", "/dev/termination-log",
+                                "--lora-modules-file", MODULES_FILE]
+    assert {"name": "lora-modules", "mountPath": "/etc/pagedkube/adapters", "readOnly": True} in download["volumeMounts"]
     plain = engine_pod(body())
     (plain_engine,) = plain["spec"]["containers"]
     assert "--enable-lora" not in plain_engine["args"]

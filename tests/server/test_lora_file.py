@@ -12,10 +12,11 @@ import pytest
 
 from hfhub import HubRepo, HubServer
 from lora_adapters import trained_adapters
+from model_factory import BUILTIN_TINY
 from pagedkube.builtin import builtin_model_dir
 
 from .conftest import ServerProcess
-from .test_hub_models import downloads, hub_env
+from .test_hub_models import CHAT, downloads, hub_env, run_cli
 
 BASE = "tiny-base"
 DOGS_REPO = "pagedkube-test/dogs-lora"
@@ -29,7 +30,7 @@ def adapters():
 
 @pytest.fixture(scope="module")
 def hub(adapters):
-    server = HubServer([HubRepo.of(DOGS_REPO, adapters["dogs"])]).start()
+    server = HubServer([HubRepo.of(DOGS_REPO, adapters["dogs"]), HubRepo.of(CHAT, BUILTIN_TINY)]).start()
     yield server
     server.close()
 
@@ -86,3 +87,22 @@ def test_the_server_follows_its_modules_file(tmp_path, adapters, hub):
         assert server.proc is not None and server.proc.poll() is None
     finally:
         server.stop()
+
+
+def test_download_fetches_the_files_hub_adapters_too(tmp_path, adapters, hub):
+    """The operator's init container: `pagedkube download MODEL --lora-modules-file F` puts the
+    Hub adapters into the cache beside the model; one the Hub lacks is a warning, not a failure."""
+    modules = tmp_path / "lora-modules.json"
+    write(modules, [{"name": "dogs", "path": f"hf://{DOGS_REPO}"}, {"name": "gone", "path": "pagedkube-test/gone"},
+                    {"name": "cats", "path": str(adapters["cats"])}])
+    env = hub_env(hub, tmp_path)
+    hub.clear()
+    done = run_cli("download", CHAT, "--lora-modules-file", str(modules), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "warning: LoRA adapter gone: pagedkube-test/gone is neither a local path nor a model repo" in done.stderr
+    assert [p for p in downloads(hub) if "lora" in p] == [f"/{DOGS_REPO}/adapter_config.json",
+                                                          f"/{DOGS_REPO}/adapter_model.safetensors"]
+    hub.clear()
+    again = run_cli("download", CHAT, "--lora-modules-file", str(modules), env={**env, "HF_HUB_OFFLINE": "1"})
+    assert again.returncode == 0 and hub.seen() == [], again.stderr       # both from the cache, offline
+    assert f"LoRA adapter dogs: hf://{DOGS_REPO} -> " in again.stderr
