@@ -14,6 +14,8 @@ from hfhub import HubRepo, HubServer
 from lora_adapters import trained_adapters
 from model_factory import BUILTIN_TINY
 from pagedkube.builtin import builtin_model_dir
+from pagedkube.engine.lora.modules import LoRAModule
+from pagedkube.engine.server.lora_file import read_lora_modules_file
 
 from .conftest import ServerProcess
 from .test_hub_models import CHAT, downloads, hub_env, run_cli
@@ -106,3 +108,26 @@ def test_download_fetches_the_files_hub_adapters_too(tmp_path, adapters, hub):
     again = run_cli("download", CHAT, "--lora-modules-file", str(modules), env={**env, "HF_HUB_OFFLINE": "1"})
     assert again.returncode == 0 and hub.seen() == [], again.stderr       # both from the cache, offline
     assert f"LoRA adapter dogs: hf://{DOGS_REPO} -> " in again.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[{\"name\": \"dogs\"", "not valid JSON"),
+    ("{\"name\": \"dogs\", \"path\": \"/a\"}", "expected a JSON list of"),
+    ("[{\"name\": \"dogs\", \"path\": \"/a\", \"rank\": 8}]", "expected a JSON list of"),
+    ("[{\"name\": \"dogs\", \"path\": \"/a\"}, {\"name\": \"dogs\", \"path\": \"/b\"}]", "names an adapter twice"),
+    ("[{\"name\": \"-dogs\", \"path\": \"/a\"}]", "LoRA adapter name '-dogs'"),
+    ("[{\"name\": \"dogs\", \"path\": \"\"}]", "path must be a non-empty string"),
+])
+def test_a_bad_modules_file_is_a_clear_error(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "lora-modules.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_lora_modules_file(path)
+
+
+def test_a_modules_file_reads_as_lora_modules(tmp_path) -> None:
+    path = tmp_path / "lora-modules.json"
+    write(path, [{"name": "dogs", "path": DOGS_REPO}, {"name": "cats", "path": "/a", "base_model_name": BASE}])
+    assert read_lora_modules_file(path) == (LoRAModule("dogs", DOGS_REPO), LoRAModule("cats", "/a", BASE))
+    write(path, [])
+    assert read_lora_modules_file(path) == ()
