@@ -18,6 +18,9 @@ def add_download_parser(subparsers: Any) -> argparse.ArgumentParser:
                                           "cache, check that the engine can serve it, and print its local path.")
     p.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model (the same as --model)")
     p.add_argument("--model", default=None, help=MODEL_FLAG_HELP)
+    p.add_argument("--lora-modules-file", metavar="FILE", default=None,
+                   help="also fetch the Hub adapters this --lora-modules-file lists (one that fails is reported "
+                        "and left to the engine, which tries again)")
     p.add_argument("--termination-log", metavar="PATH", default=None,
                    help="also write the error line here (Kubernetes reads /dev/termination-log into the pod's "
                         "status; the operator passes it)")
@@ -48,5 +51,30 @@ def run_download(args: argparse.Namespace) -> int:
             with open(args.termination_log, "w") as f:
                 f.write(str(e))
         return 2
+    if args.lora_modules_file:
+        fetch_adapters(args.lora_modules_file)
     print(path, flush=True)
     return 0
+
+
+def fetch_adapters(modules_file: str) -> None:
+    """The Hub adapters of a --lora-modules-file into the Hub cache, where the engine finds them
+    without a Hub request. Not fatal: a bad adapter costs its own name in the engine, never the pod."""
+    from pathlib import Path
+
+    from pagedkube.engine.server.lora_file import read_lora_modules_file
+    from pagedkube.hub_download import resolve_adapter_path
+
+    try:
+        modules = read_lora_modules_file(Path(modules_file))
+    except (ValueError, OSError) as e:
+        print(f"pagedkube download: warning: {e}", file=sys.stderr, flush=True)
+        return
+    for module in modules:
+        try:
+            local = resolve_adapter_path(module.path)
+        except ValueError as e:
+            print(f"pagedkube download: warning: LoRA adapter {module.name}: {e}", file=sys.stderr, flush=True)
+            continue
+        if local != module.path:
+            print(f"LoRA adapter {module.name}: {module.path} -> {local}", file=sys.stderr, flush=True)

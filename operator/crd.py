@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedkube.model_source import PVC_CLAIM
-from pagedkube.operator import naming, spec as d
+from pagedkube.operator import adapters as lora, naming, spec as d
 
 
 def _int(minimum: int | None = None, maximum: int | None = None, default: int | None = None,
@@ -125,6 +125,12 @@ ENGINE = _obj({
     "requireApiKey": {"type": "boolean", "default": True,
                       "description": "false: engines answer anyone who reaches them (no key at all). "
                                      "Default true: the generated key, or apiKeySecretRef's."},
+    "maxLoras": _int(1, lora.MAX_ADAPTERS, None,
+                     "LoRA adapters one engine step may run (--max-loras). Default "
+                     f"{d.DEFAULT_MAX_LORAS} when spec.adapters is set. Setting it turns LoRA on even with no "
+                     "adapters yet, so the first one added later restarts nothing."),
+    "maxLoraRank": _int(1, 1024, None, f"Largest adapter rank accepted (--max-lora-rank); default "
+                                       f"{d.DEFAULT_MAX_LORA_RANK}. A larger value costs engine memory per slot."),
 }, "The engine pods.", **{"x-kubernetes-validations": [{
     "rule": "!has(self.requireApiKey) || self.requireApiKey || !has(self.apiKeySecretRef)",
     "message": "engine.requireApiKey false contradicts engine.apiKeySecretRef; drop one",
@@ -186,6 +192,24 @@ MONITORING = _obj({
     "interval": _str(pattern=r"^[0-9]+(ms|s|m|h)$", default=d.DEFAULT_SCRAPE_INTERVAL),
 })
 
+ADAPTERS = {
+    "type": "array", "maxItems": lora.MAX_ADAPTERS,
+    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],   # the API server refuses a repeated name
+    "description": "LoRA adapters served beside the model, each selected by its name as a request's `model`. "
+                   "Adding or removing one loads or unloads it on the running engines without a restart "
+                   "(docs/operator.md, LoRA adapters).",
+    "items": _obj({
+        "name": _str("The adapter's model name in requests: a DNS label.", pattern=f"^{lora.ADAPTER_NAME}$",
+                     maxLength=lora.MAX_ADAPTER_NAME),
+        "source": _str("A PEFT adapter (adapter_config.json, adapter_model.safetensors): on the Hugging Face Hub, "
+                       "[hf://]ORG/NAME[@REVISION], or a folder in a PersistentVolumeClaim, pvc://CLAIM/PATH.",
+                       pattern=lora.ADAPTER_SOURCE_PATTERN, maxLength=512),
+    }, required=["name", "source"], **{"x-kubernetes-validations": [{
+        "rule": f"!self.source.matches('{d.DOT_DOT_SEGMENT}')",
+        "message": "adapter source must not have a '..' segment",
+    }]}),
+}
+
 SPEC = _obj({
     "model": MODEL,
     "replicas": _int(0, 1000, d.DEFAULT_REPLICAS,
@@ -195,12 +219,16 @@ SPEC = _obj({
     "gateway": {**GATEWAY, "default": {}},
     "monitoring": {**MONITORING, "default": {}},
     "networkPolicy": {**NETWORK_POLICY, "default": {}},
+    "adapters": ADAPTERS,
 }, required=["model"], **{"x-kubernetes-validations": [
     {"rule": "!has(self.autoscaling) || !self.autoscaling.enabled || "
              "(self.replicas >= self.autoscaling.minReplicas && self.replicas <= self.autoscaling.maxReplicas)",
      "message": "replicas must lie within [autoscaling.minReplicas, autoscaling.maxReplicas] when autoscaling"},
     {"rule": "self.engine.runtime != 'vllm' || !self.model.source.startsWith('builtin://')",
      "message": "the vllm runtime cannot serve builtin:// models; use hf:// or pvc://"},
+    {"rule": "self.engine.runtime != 'vllm' || ((!has(self.adapters) || size(self.adapters) == 0) "
+             "&& !has(self.engine.maxLoras))",
+     "message": "spec.adapters needs the pagedkube runtime"},
 ]})
 
 CONDITION = _obj({
@@ -253,6 +281,8 @@ def build_crd() -> dict[str, Any]:
                     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
                     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
                     {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+                    {"name": "Adapters", "type": "string", "jsonPath": ".spec.adapters[*].name",
+                     "priority": 1},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
             }],

@@ -26,6 +26,7 @@ LLMSERVICES = (naming.GROUP, naming.VERSION, naming.PLURAL)
 CHILD_RESOURCES = (  # (group, version, plural, kind)
     ("apps", "v1", "deployments", "Deployment"),
     ("", "v1", "services", "Service"),
+    ("", "v1", "configmaps", "ConfigMap"),
     ("", "v1", "serviceaccounts", "ServiceAccount"),
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),

@@ -28,6 +28,7 @@ OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (naming.GROUP, f"{naming.PLURAL}/status", ("get", "patch")),
     ("apps", "deployments", CHILD_VERBS),
     ("", "services", CHILD_VERBS),
+    ("", "configmaps", CHILD_VERBS),                # spec.adapters' list, which the engines read
     ("", "serviceaccounts", CHILD_VERBS),
     ("rbac.authorization.k8s.io", "roles", CHILD_VERBS),
     ("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS),

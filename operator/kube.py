@@ -22,7 +22,7 @@ PLURALS = {
     "Deployment": "deployments", "Service": "services", "ServiceAccount": "serviceaccounts",
     "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
-    "Event": "events", "Secret": "secrets", "NetworkPolicy": "networkpolicies", "Lease": "leases",
+    "Event": "events", "Secret": "secrets", "ConfigMap": "configmaps", "NetworkPolicy": "networkpolicies", "Lease": "leases",
     naming.KIND: naming.PLURAL,
 }
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"

@@ -56,6 +56,11 @@ def gateway_keys_secret_name(name: str) -> str:
     return f"{name}-api-key"
 
 
+def adapters_config_map_name(name: str) -> str:
+    """The ConfigMap listing spec.adapters, which engine pods read (builders/adapters.py)."""
+    return f"{name}-adapters"
+
+
 def gateway_service_name(name: str) -> str:
     """The user-facing Service is the LLMService's own name."""
     return name

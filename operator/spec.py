@@ -18,6 +18,7 @@ from typing import Any, Mapping
 # the operator passes them to the gateway and engines it runs.
 from pagedkube import model_source as ms
 from pagedkube.hub_model import parse_hub_model
+from pagedkube.operator.adapters import AdapterSpec, parse_adapters
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import STRUCTURED_OUTPUTS_BACKENDS, EngineConfig
 from pagedkube.engine.server.config import ServerConfig
@@ -52,6 +53,11 @@ DEFAULT_STRUCTURED_OUTPUTS_BACKEND: str = default_of(EngineConfig, "structured_o
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_TENSOR_PARALLEL_SIZE: int = default_of(EngineConfig, "tensor_parallel_size")
 MAX_TENSOR_PARALLEL_SIZE = 64     # 8 GPUs per node is the usual most; 64 leaves room for larger boxes
+# --max-loras when spec.adapters is set and spec.engine.maxLoras is not: a fixed number, not the count of
+# adapters, so that adding one never changes the pod template (builders/adapters.py). 8 runs every adapter
+# of a small fleet in one step; more adapters than slots take turns between steps (LRU), as in vLLM.
+DEFAULT_MAX_LORAS = 8
+DEFAULT_MAX_LORA_RANK: int = default_of(EngineConfig, "max_lora_rank")   # the engine's (vLLM's is 16)
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
 # Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
@@ -153,6 +159,8 @@ class EngineSpec:
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER                        # --tool-call-parser
     structured_outputs_backend: str = DEFAULT_STRUCTURED_OUTPUTS_BACKEND    # --structured-outputs-backend
     tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE                # --tensor-parallel-size: ranks per pod
+    max_loras: int | None = None          # --max-loras; None: DEFAULT_MAX_LORAS when there are adapters
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK                              # --max-lora-rank
 
     @property
     def num_gpus(self) -> int:
@@ -199,6 +207,17 @@ class LLMServiceSpec:
     monitoring_enabled: bool = True
     scrape_interval: str = DEFAULT_SCRAPE_INTERVAL
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
+    adapters: tuple[AdapterSpec, ...] = ()
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Engines run with --enable-lora: spec.adapters lists some, or spec.engine.maxLoras is set
+        (a service that starts with none and gains them later without a restart)."""
+        return bool(self.adapters) or self.engine.max_loras is not None
+
+    @property
+    def max_loras(self) -> int:
+        return self.engine.max_loras if self.engine.max_loras is not None else DEFAULT_MAX_LORAS
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> "LLMServiceSpec":
@@ -225,12 +244,17 @@ class LLMServiceSpec:
                 f"[{autoscaling.min_replicas}, {autoscaling.max_replicas}]"
             )
         monitoring = spec.get("monitoring") or {}
+        model_name = model.get("name") or source.default_name()
+        adapters = parse_adapters(spec.get("adapters"), model_name)
+        if engine.runtime == "vllm" and (adapters or engine.max_loras is not None):
+            raise ValueError("spec.adapters needs the pagedkube runtime (its engines follow the adapter list "
+                             "without a restart); the vllm runtime takes --lora-modules in spec.engine.extraArgs")
         return cls(
             name=name,
             namespace=meta.get("namespace") or "default",
             uid=meta.get("uid") or "",
             generation=int(meta.get("generation") or 0),
-            model_name=model.get("name") or source.default_name(),
+            model_name=model_name,
             source=source,
             hf_token_secret=_secret_name(model, "hfTokenSecretRef"),
             model_cache_claim=_cache_claim(model, source),
@@ -241,6 +265,7 @@ class LLMServiceSpec:
             monitoring_enabled=bool(monitoring.get("enabled", True)),
             scrape_interval=monitoring.get("interval", DEFAULT_SCRAPE_INTERVAL),
             network_policy=_network_policy(spec.get("networkPolicy") or {}),
+            adapters=adapters,
         )
 
 
@@ -320,6 +345,8 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
                                            STRUCTURED_OUTPUTS_BACKENDS),
         tensor_parallel_size=_int(d, "tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE,
                                   "spec.engine.tensorParallelSize"),
+        max_loras=_int(d, "maxLoras", None, "spec.engine.maxLoras"),
+        max_lora_rank=_int(d, "maxLoraRank", DEFAULT_MAX_LORA_RANK, "spec.engine.maxLoraRank"),
     )
     if engine.tensor_parallel_size > MAX_TENSOR_PARALLEL_SIZE:
         raise ValueError(f"spec.engine.tensorParallelSize must be <= {MAX_TENSOR_PARALLEL_SIZE}, "

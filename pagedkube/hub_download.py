@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pagedkube.hub_model import HubFiles, HubModel, choose_files, gguf_architecture
+from pagedkube.hub_model import HubFiles, HubModel, choose_adapter_files, choose_files, gguf_architecture, parse_hub_model
 
 log = logging.getLogger("pagedkube.hub")
 
@@ -57,14 +57,17 @@ class HubError(ValueError):
     """A Hub model that cannot be had, said in one line a user can act on."""
 
 
+Chooser = Callable[[HubModel, Any], HubFiles]   # which files of a repo to fetch (hub_model.choose_*)
+
+
 def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None = None,
-                    check_gguf: Callable[[str], None] | None = None) -> Path:
+                    check_gguf: Callable[[str], None] | None = None, choose: Chooser = choose_files) -> Path:
     """The local path of `model`: its GGUF file, or its snapshot folder (a Hugging Face directory).
     Before any weight is downloaded, `check_config` sees a checkpoint's config.json and
     `check_gguf` a GGUF's architecture (both raise ValueError for what the engine cannot serve)."""
     from huggingface_hub import constants
 
-    cached = cached_hub_model(model, offline=constants.HF_HUB_OFFLINE)
+    cached = cached_hub_model(model, offline=constants.HF_HUB_OFFLINE, choose=choose)
     if cached is not None:
         log.info("%s: using the cached %s (no Hub request)", model.name, cached)
         return cached
@@ -76,7 +79,7 @@ def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], No
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
     try:
-        return _download(model, check_config, check_gguf)
+        return _download(model, check_config, check_gguf, choose)
     except HubError:
         raise
     except ValueError as e:
@@ -87,7 +90,7 @@ def fetch_hub_model(model: HubModel, check_config: Callable[[dict[str, Any]], No
         raise HubError(hub_error_message(model, e)) from None
 
 
-def cached_hub_model(model: HubModel, offline: bool = False) -> Path | None:
+def cached_hub_model(model: HubModel, offline: bool = False, choose: Chooser = choose_files) -> Path | None:
     """The model's path when the cache holds every file of it we read, else None (no network).
 
     Complete means: the revision's commit (refs/), that commit's file listing as huggingface_hub
@@ -107,9 +110,9 @@ def cached_hub_model(model: HubModel, offline: bool = False) -> Path | None:
             listing = None
         if listing is None:      # no listing to check against: snapshot_download returns the folder as it is
             folder = Path(snapshot_download(model.repo_id, revision=model.revision, local_files_only=True))
-            files = choose_files(model, [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()])
+            files = choose(model, [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()])
         else:                    # raises IncompleteSnapshotError unless every file we read is there
-            files = choose_files(model, listing)
+            files = choose(model, listing)
             folder = Path(snapshot_download(model.repo_id, revision=model.revision,
                                             allow_patterns=list(files.paths), local_files_only=True))
         if not all((folder / p).is_file() for p in files.paths):
@@ -119,12 +122,26 @@ def cached_hub_model(model: HubModel, offline: bool = False) -> Path | None:
     return _local_path(folder, files)
 
 
+def resolve_adapter_path(path: str) -> str:
+    """A LoRA adapter path as vLLM takes one: a local folder as it is, else a Hub repo id
+    (ORG/NAME[@REV], hf:// allowed) fetched into the cache like a model (its two PEFT files only),
+    its snapshot folder returned. Blocks on the network: call it off the event loop. HubError
+    (a ValueError) when the Hub cannot give it; a path that is neither is returned for the
+    adapter reader to refuse."""
+    if Path(path).expanduser().exists():
+        return path
+    hub = parse_hub_model(path)
+    if hub is None or hub.quant or hub.filename:
+        return path
+    return str(fetch_hub_model(hub, choose=choose_adapter_files))
+
+
 def _local_path(folder: Path, files: HubFiles) -> Path:
     return folder / files.gguf if files.gguf else folder
 
 
 def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | None,
-              check_gguf: Callable[[str], None] | None) -> Path:
+              check_gguf: Callable[[str], None] | None, choose: Chooser) -> Path:
     from huggingface_hub import HfApi, hf_hub_download, snapshot_download
     from huggingface_hub.hf_api import RepoFile
 
@@ -133,7 +150,7 @@ def _download(model: HubModel, check_config: Callable[[dict[str, Any]], None] | 
     assert info.sha is not None, "the Hub answers a model's commit"
     sizes = {f.path: f.size for f in api.list_repo_tree(model.repo_id, revision=info.sha, recursive=True)
              if isinstance(f, RepoFile)}
-    files = choose_files(model, sizes)
+    files = choose(model, sizes)
     if check_config is not None and "config.json" in files.paths:
         config = Path(hf_hub_download(model.repo_id, "config.json", revision=info.sha))
         check_config(json.loads(config.read_text()))

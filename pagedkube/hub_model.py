@@ -30,6 +30,8 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "
                     "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
                     "model.safetensors", "model.safetensors.index.json")
 SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")   # transformers' shard names
+# A LoRA adapter repo as peft's save_pretrained writes it (the engine reads no pickled .bin).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 _PREFIX = r"(?:hf://|hf\.co/|huggingface\.co/)?"
 _REPO = r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
@@ -95,6 +97,17 @@ def choose_files(model: HubModel, repo_files: Iterable[str]) -> HubFiles:
         return _gguf(model, [f for f in ggufs if quant_matches(f, DEFAULT_QUANT)], ggufs, DEFAULT_QUANT)
     raise ValueError(f"{model.repo_id} holds neither a safetensors checkpoint (config.json and "
                      f"model*.safetensors) nor a GGUF file; the engine reads one of those")
+
+
+def choose_adapter_files(model: HubModel, repo_files: Iterable[str]) -> HubFiles:
+    """A PEFT adapter's files (choose_files' counterpart for a --lora-modules or load_lora_adapter
+    path that names a Hub repo); ValueError naming what is missing."""
+    files = set(repo_files)
+    missing = [f for f in ADAPTER_FILES if f not in files]
+    if model.quant or model.filename or missing:
+        raise ValueError(f"{model.repo_id} is not a PEFT LoRA adapter repo: it has no {' or '.join(missing)}"
+                         if missing else f"{model.name} names a file in a repo; an adapter is a whole repo")
+    return HubFiles(ADAPTER_FILES)
 
 
 def _gguf(model: HubModel, matching: list[str], ggufs: list[str], quant: str) -> HubFiles:

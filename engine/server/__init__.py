@@ -22,6 +22,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     sampling_defaults.py  --generation-config: the model's sampling settings as request defaults
     openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models, /tokenize
     lora_routes.py    LoRA adapters by name: /v1/load_lora_adapter, /v1/unload_lora_adapter, model cards
+    lora_file.py      --lora-modules-file: the adapters a file lists, followed while running
     cache_feed.py     /v1/cache/config, /v1/cache/events, /v1/cache/tokenizer
     metrics.py        vLLM's metric names and buckets
     http_counting.py  every HTTP response counted once, by route and status

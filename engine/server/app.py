@@ -15,6 +15,7 @@ import functools
 import hmac
 import logging
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from fastapi import FastAPI
@@ -30,6 +31,7 @@ from pagedkube.engine.server.core_client import EngineBuildError, EngineCoreClie
 from pagedkube.engine.server.engine_core import EngineFactory
 from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
+from pagedkube.engine.server.lora_file import LoRAFileFollower
 from pagedkube.engine.server.lora_routes import load_adapter, router as lora_router
 from pagedkube.engine.server.metrics import EngineMetrics
 from pagedkube.engine.server.openai_routes import router as openai_router
@@ -115,6 +117,15 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
             except APIError as e:
                 await asyncio.to_thread(state.engine.shutdown)
                 raise RuntimeError(f"--lora-modules {module.name}: {e.message}") from None
+        follower = LoRAFileFollower(Path(config.lora_modules_file)) if config.lora_modules_file else None
+        follow: asyncio.Task[None] | None = None
+        if follower is not None:   # a bad file fails start-up; a bad adapter in it is left out (lora_file.py)
+            try:
+                await follower.sync(state)
+            except (ValueError, OSError) as e:
+                await asyncio.to_thread(state.engine.shutdown)
+                raise RuntimeError(str(e)) from None
+            follow = asyncio.create_task(follower.run(state), name="lora-modules-file")
         state.tool_parser = resolve_tool_parser(config.tool_call_parser,
                                                 info.tokenizer.chat_template if info.tokenizer else None)
         state.sampling_defaults = sampling_defaults(config.generation_config,
@@ -129,6 +140,8 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
         try:
             yield
         finally:
+            if follow is not None:
+                follow.cancel()
             await asyncio.to_thread(state.engine.shutdown)
             state.workers.shutdown(wait=False, cancel_futures=True)
             if tracing is not None:

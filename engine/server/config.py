@@ -29,6 +29,7 @@ class ServerConfig:
     # template's format calls for, none = off (then tool_choice "auto" with tools is a 400, as in vLLM).
     tool_call_parser: str = "auto"
     lora_modules: tuple[LoRAModule, ...] = ()   # adapters served from start-up (--lora-modules)
+    lora_modules_file: str | None = None        # adapters listed in a file, followed while running (lora_file.py)
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter: off by default, as in vLLM (the
     # caller names a path on the server's disk)
     allow_runtime_lora_updating: bool = False
@@ -52,8 +53,9 @@ class ServerConfig:
         from pagedkube.engine.server.tool_parsers import PARSER_NAMES
         if self.tool_call_parser not in PARSER_NAMES:
             raise ValueError(f"tool_call_parser must be one of {PARSER_NAMES}, got {self.tool_call_parser!r}")
-        if (self.lora_modules or self.allow_runtime_lora_updating) and not self.engine.enable_lora:
-            raise ValueError("--lora-modules and --allow-runtime-lora-updating need --enable-lora")
+        if (self.lora_modules or self.lora_modules_file or self.allow_runtime_lora_updating) \
+                and not self.engine.enable_lora:
+            raise ValueError("--lora-modules, --lora-modules-file and --allow-runtime-lora-updating need --enable-lora")
         names = [m.name for m in self.lora_modules]
         if len(set(names)) != len(names):
             raise ValueError(f"--lora-modules names an adapter twice: {names}")

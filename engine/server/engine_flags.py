@@ -166,6 +166,10 @@ def add_lora_args(p: argparse.ArgumentParser, *, passthrough: bool = False) -> l
                        type=_as_typed(_lora_module) if passthrough else _lora_module,
                        help="adapters served from start-up: name=path or JSON "
                             "'{\"name\": ..., \"path\": ..., \"base_model_name\": ...}' (PEFT directories)"),
+        g.add_argument("--lora-modules-file", default=None, metavar="FILE",
+                       help="a JSON list of --lora-modules objects: served from start-up and followed while "
+                            "running (adapters it adds are loaded, those it drops unloaded; the LLMService "
+                            "operator's spec.adapters)"),
         g.add_argument("--max-loras", type=int, default=default(_engine("max_loras")),
                        help=f"adapters one step may run (device slots; default {_engine('max_loras')})"),
         g.add_argument("--max-lora-rank", type=int, default=default(_engine("max_lora_rank")),

@@ -13,6 +13,7 @@ their LoRARequest and finish.
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
@@ -22,6 +23,7 @@ from pagedkube.echo import echo
 from pagedkube.engine.lora.modules import LoRAModule, check_lora_name
 from pagedkube.engine.lora.request import LoRARequest
 from pagedkube.engine.server.errors import APIError
+from pagedkube.hub_download import resolve_adapter_path
 from pagedkube.openai_errors import MODEL_NOT_FOUND
 
 router = APIRouter()
@@ -38,9 +40,9 @@ class LoRARegistry:
     def get(self, name: str | None) -> LoRARequest | None:
         return None if name is None else self.adapters.get(name)
 
-    def new_request(self, module: LoRAModule) -> LoRARequest:
+    def new_request(self, module: LoRAModule, local_path: str) -> LoRARequest:
         self._num_loaded += 1
-        return LoRARequest(module.name, self._num_loaded, module.path, module.base_model_name)
+        return LoRARequest(module.name, self._num_loaded, local_path, module.base_model_name)
 
 
 def _state(request: Request):
@@ -56,13 +58,27 @@ async def load_adapter(state, module: LoRAModule) -> LoRARequest:
         raise APIError(400, f"The lora adapter name '{echo(module.name)}' was served from "
                        f"{echo(registry.paths[module.name])} before: the prefix cache may hold that adapter's "
                        "blocks under the name, so other weights need a new name.", param="lora_name")
-    lora = registry.new_request(module)
+    try:   # a Hub repo id is fetched into the Hub cache, off the event loop
+        local_path = await asyncio.to_thread(resolve_adapter_path, module.path)
+    except ValueError as e:
+        raise APIError(400, f"The lora adapter '{echo(module.name)}' cannot be fetched: {echo(str(e))}",
+                       param="lora_path") from None
+    lora = registry.new_request(module, local_path)
     await state.engine.load_lora(lora)
     if module.name in registry.adapters:      # a concurrent load of the same name won
         raise APIError(400, f"The lora adapter '{echo(module.name)}' has already been loaded.", param="lora_name")
     registry.adapters[module.name] = lora
     registry.paths[module.name] = module.path
     return lora
+
+
+def unload_adapter(state, name: str) -> bool:
+    """Stops serving adapter `name` at once (requests already in the engine finish); False if unknown."""
+    lora = state.loras.adapters.pop(name, None)
+    if lora is None:
+        return False
+    state.engine.unload_lora(lora.lora_int_id)
+    return True
 
 
 def _fields(body: object, names: tuple[str, ...]) -> dict:
@@ -101,18 +117,17 @@ async def unload_lora_adapter(request: Request) -> PlainTextResponse:
     name = got["lora_name"]
     if not name:
         raise APIError(400, "'lora_name' must be provided.")
-    lora = state.loras.adapters.pop(name, None) if isinstance(name, str) else None
-    if lora is None:
+    if not (isinstance(name, str) and unload_adapter(state, name)):
         raise APIError(404, f"The lora adapter '{echo(str(name))}' cannot be found.", param="lora_name",
                        code=MODEL_NOT_FOUND)
-    state.engine.unload_lora(lora.lora_int_id)
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 def adapter_cards(state) -> list[dict]:
-    """/v1/models entries of the adapters (vLLM's: root = the adapter's path, parent = the base)."""
+    """/v1/models entries of the adapters (vLLM's: root = the adapter's path as given, a folder or
+    a Hub repo id; parent = the base)."""
     return [{"id": name, "object": "model", "created": state.created, "owned_by": "pagedkube",
-             "root": lora.lora_path, "parent": lora.base_model_name or state.model_name,
+             "root": state.loras.paths.get(name, lora.lora_path), "parent": lora.base_model_name or state.model_name,
              "max_model_len": state.info.max_model_len}
             for name, lora in state.loras.adapters.items()]
 

@@ -91,7 +91,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, body_read_timeout=args.body_read_timeout,
                         head_limits=head_limits_from_args(args), observability=observability_from_args(args),
                         tool_call_parser=args.tool_call_parser, generation_config=args.generation_config,
-                        lora_modules=tuple(args.lora_modules or ()),
+                        lora_modules=tuple(args.lora_modules or ()), lora_modules_file=args.lora_modules_file,
                         allow_runtime_lora_updating=bool(args.allow_runtime_lora_updating))
 
 

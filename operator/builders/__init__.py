@@ -1,6 +1,7 @@
 """Pure builders: one LLMService spec in, its child objects out.
 
     engine.py      the engine Deployment and its headless Service
+    adapters.py    spec.adapters: the ConfigMap the engines follow, their LoRA flags and mounts
     gateway.py     the gateway Deployment and the user-facing Service
     deployment.py  the Deployment around either component's pod
     common.py      security contexts, /tmp, probes: what every pod shares
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkube.operator.builders.adapters import build_adapters_config_map
 from pagedkube.operator.builders.engine import build_engine_deployment, build_engine_service
 from pagedkube.operator.builders.gateway import build_gateway_deployment, build_gateway_service
 from pagedkube.operator.builders.monitoring import build_service_monitor
@@ -39,6 +41,7 @@ def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_ve
         build_gateway_role_binding(svc),
         *([build_engine_network_policy(svc)] if svc.network_policy.enabled else []),
         build_engine_service(svc),
+        *([build_adapters_config_map(svc)] if svc.lora_enabled else []),
         build_engine_deployment(svc, secret_version, model_cache_host_path),
         build_engine_pdb(svc),
         build_gateway_service(svc),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pagedkube.operator import naming
+from pagedkube.operator.builders.adapters import fetch_adapters_too, lora_pod
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, readiness_probe)
 from pagedkube.operator.builders.deployment import component_deployment
@@ -75,6 +76,8 @@ def engine_env(svc: LLMServiceSpec, model_env: Sequence[Mapping[str, Any]] = ())
     """model_env: the model mount's (HF_HOME on the model cache, ...), ahead of the runtime's defaults."""
     # vLLM reads its key from VLLM_API_KEY (and guards only its /v1 paths with it).
     key_var = "VLLM_API_KEY" if svc.engine.runtime == "vllm" else "PAGEDKUBE_API_KEY"
+    if svc.lora_enabled:   # a Hub adapter added at run time is fetched by the engine (builders/adapters.py)
+        model_env = [v for v in model_env if v["name"] != "HF_HUB_OFFLINE"]
     env = [*HOME_ENV, *engine_api_key_env(svc, key_var), *hash_seed_env(svc), *(dict(v) for v in model_env)]
     if svc.engine.runtime == "vllm":
         given = {v["name"] for v in model_env}
@@ -94,16 +97,19 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
                         security_context=container_security_context(), tmp_mount=TMP_MOUNT,
                         cache=ModelCache(svc.model_cache_claim, model_cache_host_path))
     command, args = engine_command(svc, mount.model_path)
-    args += mount.extra_args
+    lora = lora_pod(svc)
+    args += [*mount.extra_args, *lora.args]
     # The model download runs in the engine image with the engine's pull policy and
     # spec.engine.env (HF_ENDPOINT for a Hub mirror, HTTPS_PROXY, ...).
     for init in mount.init_containers:
         init.update(maybe("imagePullPolicy", e.image_pull_policy))
         init["env"] = [*init["env"], *(dict(v) for v in e.env)]
+        if svc.lora_enabled:
+            fetch_adapters_too(init)
     # vLLM's own health check is /health; it has no separate readiness endpoint.
     ready_path = "/health" if e.runtime == "vllm" else "/ready"
-    volumes = [TMP_VOLUME, *mount.volumes]
-    mounts = [TMP_MOUNT, *mount.mounts]
+    volumes = [TMP_VOLUME, *mount.volumes, *lora.volumes]
+    mounts = [TMP_MOUNT, *mount.mounts, *lora.mounts]
     if e.runtime == "vllm" or (e.num_gpus and e.tensor_parallel_size > 1):
         # NCCL and vLLM's worker processes share memory through /dev/shm; the container runtime's
         # default is 64 MiB, too little for NCCL between the GPUs of one pod

@@ -61,6 +61,10 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
     errors: list[str] = []
+    if isinstance(value, list) and schema.get("x-kubernetes-list-type") == "map":   # keys unique, as the server checks
+        keys = [tuple(item.get(k) for k in schema["x-kubernetes-list-map-keys"]) for item in value]
+        errors += [f"{path}[{i}]: Duplicate value: {dict(zip(schema['x-kubernetes-list-map-keys'], key))}"
+                   for i, key in enumerate(keys) if key in keys[:i]]
     env = celpy.Environment()
     for rule in schema.get("x-kubernetes-validations") or []:
         program = env.program(env.compile(rule["rule"]))

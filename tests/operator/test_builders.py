@@ -320,13 +320,14 @@ def test_invalid_specs_raise_clear_errors(spec: dict, message: str) -> None:
         LLMServiceSpec.from_body(body(spec))
 
 
-@pytest.mark.parametrize("example", ["llmservice.yaml", "llmservice-gpu.yaml"])
-def test_examples_build_valid_children(example: str) -> None:
+@pytest.mark.parametrize("example, count", [("llmservice.yaml", 9), ("llmservice-gpu.yaml", 9),
+                                            ("llmservice-lora.yaml", 10)])   # + the adapters' ConfigMap
+def test_examples_build_valid_children(example: str, count: int) -> None:
     import pathlib
     import yaml
     doc = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "manifests/examples" / example).read_text())
     doc["metadata"].update(namespace="default", uid=UID)
     objs = build_children(LLMServiceSpec.from_body(doc), with_service_monitor=False)
-    assert len(objs) == 9
+    assert len(objs) == count
     for obj in objs:
         assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True) == K8S_VERSION

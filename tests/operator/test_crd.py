@@ -51,7 +51,8 @@ def test_crd_shape() -> None:
     assert version["subresources"] == {"status": {}, "scale": {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector"}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Model", "Replicas", "Ready", "URL", "Age"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Model", "Replicas", "Ready", "URL",
+                                                                       "Adapters", "Age"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

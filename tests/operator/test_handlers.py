@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import sys
 import threading
 from pathlib import Path
@@ -43,7 +44,7 @@ CHILD_RESOURCES = {
     "Role": "rbac.authorization.k8s.io/v1/roles", "RoleBinding": "rbac.authorization.k8s.io/v1/rolebindings",
     "PodDisruptionBudget": "policy/v1/poddisruptionbudgets", "ServiceMonitor": "monitoring.coreos.com/v1/servicemonitors",
     "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", "Secret": "v1/secrets",
-    "Lease": "coordination.k8s.io/v1/leases",
+    "Lease": "coordination.k8s.io/v1/leases", "ConfigMap": "v1/configmaps",
 }
 ALL_CHILDREN = 13   # build_children's 10 with a ServiceMonitor; the two generated Secrets and the Lease
 LLMSERVICE = "pagedkube.io/v1alpha1/llmservices"
@@ -251,6 +252,36 @@ async def test_spec_change_updates_and_drift_is_put_back(operator: ClusterEmulat
     await user.call("PATCH", api_path("apps/v1", "Deployment", NS, "demo-engine"), {"spec": {"template": edited}})
     await until(lambda: obj(operator, "apps/v1/deployments", "demo-engine")["spec"]["template"]["spec"]
                 ["containers"][0]["image"] == naming.ENGINE_IMAGE, "the image put back")
+
+
+async def test_adapter_edits_reach_the_config_map_not_the_engine_pods(operator: ClusterEmulator) -> None:
+    """spec.adapters gains one and loses one: the operator rewrites the ConfigMap the engines follow
+    (builders/adapters.py) and leaves the engine Deployment, so no pod restarts."""
+    user = User(operator)
+    base = f"/apis/pagedkube.io/v1alpha1/namespaces/{NS}/llmservices"
+    vet, cats, diet = ({"name": n, "source": f"clinic/{n}-lora"} for n in ("vet", "cats", "diet"))
+    await user.call("POST", base, llmservice({**SPEC, "adapters": [vet, cats]}), content_type="application/json")
+
+    def listed() -> list[str] | None:
+        cm = obj(operator, "v1/configmaps", "demo-adapters")
+        return [m["name"] for m in json.loads(cm["data"]["lora-modules.json"])] if cm else None
+
+    await until(lambda: listed() == ["vet", "cats"], "the ConfigMap with vet and cats")
+    await until(lambda: obj(operator, "apps/v1/deployments", "demo-engine"), "the engine Deployment")
+    engine = copy.deepcopy(obj(operator, "apps/v1/deployments", "demo-engine"))
+    assert "--lora-modules-file" in engine["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    await user.call("PATCH", f"{base}/demo", {"spec": {"adapters": [cats, diet]}})
+    await until(lambda: listed() == ["cats", "diet"], "the ConfigMap with cats and diet")
+    await until(lambda: ("Updated", "ConfigMap demo-adapters") in events(operator), "its Updated event")
+    now = obj(operator, "apps/v1/deployments", "demo-engine")
+    assert now["metadata"]["generation"] == engine["metadata"]["generation"]
+    assert now["spec"]["template"] == engine["spec"]["template"]
+    assert ("Updated", "Deployment demo-engine") not in events(operator)
+
+    # Someone edits the list by hand: the spec's is put back.
+    await user.call("PATCH", api_path("v1", "ConfigMap", NS, "demo-adapters"), {"data": {"lora-modules.json": "[]"}})
+    await until(lambda: listed() == ["cats", "diet"], "the list put back")
 
 
 @pytest.mark.parametrize("resync_interval", [0.3])

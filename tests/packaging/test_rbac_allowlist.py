@@ -33,6 +33,8 @@ CLUSTER_WIDE: dict[tuple[str, str, str], str] = {
                                      ("rbac.authorization.k8s.io", "rolebindings"),
                                      ("policy", "poddisruptionbudgets"), ("networking.k8s.io", "networkpolicies"))
        for v in ("get", "list", "watch", "create", "patch")},
+    **{("", "configmaps", v): "the NAME-adapters child (spec.adapters, which the engines follow); " + CHILD
+       for v in ("get", "list", "watch", "create", "patch")},
     ("networking.k8s.io", "networkpolicies", "delete"): "spec.networkPolicy.enabled false removes it",
     ("", "secrets", "create"): "the generated Secrets, made once by create (409 = exists); never read",
     ("coordination.k8s.io", "leases", "create"): "each gateway's autoscaler Lease, made once, empty",
