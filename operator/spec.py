@@ -52,6 +52,7 @@ DEFAULT_STRUCTURED_OUTPUTS_BACKEND: str = default_of(EngineConfig, "structured_o
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 DEFAULT_TENSOR_PARALLEL_SIZE: int = default_of(EngineConfig, "tensor_parallel_size")
 MAX_TENSOR_PARALLEL_SIZE = 64     # 8 GPUs per node is the usual most; 64 leaves room for larger boxes
+MAX_NODES_PER_REPLICA = 16       # 16 x 8 GPUs: a 405B model in bf16 needs 2 nodes of 8 x 80 GB
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
 # Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
@@ -153,6 +154,7 @@ class EngineSpec:
     tool_call_parser: str = DEFAULT_TOOL_CALL_PARSER                        # --tool-call-parser
     structured_outputs_backend: str = DEFAULT_STRUCTURED_OUTPUTS_BACKEND    # --structured-outputs-backend
     tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE                # --tensor-parallel-size: ranks per pod
+    nodes_per_replica: int = 1            # pods of one engine (--nnodes); > 1: a LeaderWorkerSet
 
     @property
     def num_gpus(self) -> int:
@@ -320,7 +322,14 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
                                            STRUCTURED_OUTPUTS_BACKENDS),
         tensor_parallel_size=_int(d, "tensorParallelSize", DEFAULT_TENSOR_PARALLEL_SIZE,
                                   "spec.engine.tensorParallelSize"),
+        nodes_per_replica=_int(d, "nodesPerReplica", 1, "spec.engine.nodesPerReplica"),
     )
+    if engine.nodes_per_replica > MAX_NODES_PER_REPLICA:
+        raise ValueError(f"spec.engine.nodesPerReplica must be <= {MAX_NODES_PER_REPLICA}, "
+                         f"got {engine.nodes_per_replica}")
+    if engine.nodes_per_replica > 1 and runtime != "pagedkube":
+        raise ValueError(f"spec.engine.nodesPerReplica {engine.nodes_per_replica} needs runtime pagedkube: the "
+                         f"vllm runtime spans nodes through Ray, which the operator does not set up")
     if engine.tensor_parallel_size > MAX_TENSOR_PARALLEL_SIZE:
         raise ValueError(f"spec.engine.tensorParallelSize must be <= {MAX_TENSOR_PARALLEL_SIZE}, "
                          f"got {engine.tensor_parallel_size}")
