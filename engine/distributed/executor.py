@@ -98,7 +98,7 @@ def _children_allowed() -> Iterator[None]:
         me._config["daemon"] = daemon            # type: ignore[attr-defined]
 
 
-def _stop(procs: list[BaseProcess]) -> None:
+def stop_workers(procs: list[BaseProcess]) -> None:
     for proc in procs:
         if proc.is_alive():
             proc.kill()
@@ -149,7 +149,7 @@ class TPWorkers:
             self.rendezvous.post_config(config)
         self.procs = spawn_workers(config, range(1, config.tensor_parallel_size), STORE_HOST, self.store.port)
         self.group: TPGroup | None = None
-        self._finalizer = weakref.finalize(self, _stop, self.procs)
+        self._finalizer = weakref.finalize(self, stop_workers, self.procs)
 
     def _local(self, rank: int) -> BaseProcess | None:
         """The process of a rank this process spawned; None for a rank of another node."""

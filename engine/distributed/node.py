@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pagedkube.engine.config import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from pagedkube.engine.distributed.errors import WorkerFailed
-from pagedkube.engine.distributed.executor import _stop, exit_reason, spawn_workers
+from pagedkube.engine.distributed.executor import stop_workers, exit_reason, spawn_workers
 from pagedkube.engine.distributed.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -64,4 +64,4 @@ def run_node(master_addr: str, master_port: int, node_rank: int,
                     return 1
         return 0
     finally:
-        _stop(procs)
+        stop_workers(procs)
