@@ -200,6 +200,9 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         deployment = self._engine_workload(svc, namespace, name)
         pods = self.kube.list("v1", "Pod", namespace, naming.engine_selector(name)) if deployment else []
+        if deployment is not None and deployment.get("kind") == naming.LWS_KIND:   # workers fail too: say which
+            pods += self.kube.list("v1", "Pod", namespace,
+                                   naming.selector_string(naming.selector_labels(name, naming.ENGINE_WORKER)))
         blocked = None
         if svc is not None and deployment is None and self._lws_missing(svc):
             blocked = Problem("LeaderWorkerSetMissing",

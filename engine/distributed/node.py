@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pagedkube.engine.config import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from pagedkube.engine.distributed.errors import WorkerFailed
-from pagedkube.engine.distributed.executor import stop_workers, exit_reason, spawn_workers
+from pagedkube.engine.distributed.executor import exit_reason, spawn_workers, stop_workers
 from pagedkube.engine.distributed.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)

@@ -200,6 +200,16 @@ async def test_with_the_lws_api_the_engine_is_a_leader_worker_set_and_status_cou
     assert status["selector"] == naming.engine_selector("demo")       # the HPA counts leaders: groups
     assert condition(operator, "Progressing") == ("True", "RollingOut")
 
+    # A worker pod that crash-loops is the group's problem: Degraded names it.
+    worker = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "demo-engine-0-1", "namespace": NS, "labels": naming.labels("demo", "engine-worker")},
+        "status": {"containerStatuses": [{"name": "engine", "restartCount": 3, "state": {"waiting": {
+            "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}}
+    await user.call("POST", f"/api/v1/namespaces/{NS}/pods", worker, content_type="application/json")
+    await until(lambda: condition(operator, "Degraded") == ("True", "CrashLooping"), "Degraded=CrashLooping")
+    assert "demo-engine-0-1" in next(c["message"] for c in obj(operator, LLMSERVICE, "demo")["status"]["conditions"]
+                                     if c["type"] == "Degraded")
+
     # Scaling the LLMService scales the groups.
     await user.call("PATCH", api_path("pagedkube.io/v1alpha1", "LLMService", NS, "demo"), {"spec": {"replicas": 4}})
     await until(lambda: obj(operator, LWS, "demo-engine")["spec"]["replicas"] == 4, "4 groups")
