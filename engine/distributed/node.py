@@ -13,11 +13,18 @@ This process only supervises: it reads the leader's EngineConfig (so the two can
 the model, dtype or quantization), spawns its node's ranks and waits. Its exit status is theirs:
 0 when rank 0 shut the engine down, 1 as soon as one rank fails (a peer died, rank 0 is gone),
 after killing the others, so that the pod restarts and LeaderWorkerSet restarts the group.
+
+SIGTERM is noted and otherwise ignored: a group's pods are stopped together (scale-in, a rolling
+update), and the leader drains its requests in flight on SIGTERM, which needs every rank until it
+is done; it then shuts the engine down and this node exits 0. Were the leader to stay, the
+kubelet's SIGKILL after the grace period ends the node all the same.
 """
 from __future__ import annotations
 
 import logging
+import signal
 from datetime import timedelta
+from types import FrameType
 from multiprocessing.connection import wait
 
 import torch.distributed as dist
@@ -49,6 +56,11 @@ def run_node(master_addr: str, master_port: int, node_rank: int,
     log.info("node %d of %d: ranks %d-%d of %s (tensor_parallel_size %d)", node_rank, config.nnodes,
              ranks[0], ranks[-1], config.model, tp)
     procs = spawn_workers(config, ranks, master_addr, master_port)
+
+    def keep_serving(signum: int, frame: FrameType | None) -> None:
+        log.info("SIGTERM: the ranks serve on until the leader has drained and shuts the engine down")
+
+    signal.signal(signal.SIGTERM, keep_serving)
     del store                    # each rank has its own connection; this one would only idle
     try:
         running = list(procs)

@@ -3,7 +3,8 @@ started separately (not spawned by the leader), joined over the leader's TCPStor
 through the openai client.
 
 - The pair gives TP=1's greedy tokens (rank 0 and rank 1 each hold half of builtin://tiny); a
-  serve-worker with a node rank the engine does not have exits 1 with a clear error first.
+  serve-worker with a node rank the engine does not have exits 1 with a clear error first; both
+  stopped at once (SIGTERM), the request in flight is drained whole and both exit 0.
 - Killing the worker node fails the requests in flight loudly (500, an SSE error event) and
   the leader exits non-zero.
 - A leader whose worker node never joins fails after --distributed-timeout, naming the node.
@@ -80,8 +81,19 @@ def test_a_leader_and_a_separately_started_worker_node_give_tp1s_greedy_tokens(t
         server.wait_ready()
         assert "node 1 of 2: ranks 1-1 of builtin://tiny" in worker.log()
         assert greedy_texts(server.url) == expected
-        assert server.stop() == 0
+        # A group's pods are stopped together (scale-in, rollout): the worker node serves on while
+        # the leader drains its request in flight, which completes; then both exit 0.
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        chunks = iter(client.completions.create(prompt=PROMPTS[0], stream=True, **{**GREEDY, "max_tokens": 400}))
+        next(chunks)
+        worker.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["length"]                     # all 400 tokens: no rank left early
+        assert server.proc.wait(60) == 0
         assert worker.proc.wait(60) == 0                # rank 0 shut the engine down: the node ends cleanly
+        assert "SIGTERM: draining 1 in-flight request(s)" in server.log()
+        assert "SIGTERM: the ranks serve on" in worker.log()
     finally:
         server.kill()
         stray.kill()
