@@ -28,6 +28,7 @@ never imports torch. Hence the lazy attributes below.
     cli.py               registers the `generate`, `serve` and `download` subcommands
     generate_cli.py      `pagedkube generate`
     download_cli.py      `pagedkube download`: a Hub model into the cache, ready to serve
+    serve_worker_cli.py  `pagedkube serve-worker`: a worker node of a multi-node engine
     attention/           paged attention: torch reference and Triton kernels
     layers/              RMSNorm, rotary embedding, gated activation
     models/              the decoder (Llama, Qwen2, Qwen3, Mistral)

@@ -1,4 +1,4 @@
-"""Subcommands of the engine part: `generate`, `serve` and `download` (torch-free at import)."""
+"""Subcommands of the engine part: `generate`, `serve`, `serve-worker` and `download` (torch-free at import)."""
 
 
 def register(subparsers) -> None:
@@ -7,5 +7,7 @@ def register(subparsers) -> None:
     add_generate_parser(subparsers)
     from pagedkube.engine.server.serve_cli import add_serve_parser
     add_serve_parser(subparsers)
+    from pagedkube.engine.serve_worker_cli import add_serve_worker_parser
+    add_serve_worker_parser(subparsers)
     from pagedkube.engine.download_cli import add_download_parser
     add_download_parser(subparsers)

@@ -24,6 +24,8 @@ MAX_DECODE_CAPTURE_SIZES = 8
 # vLLM's default of 10 minutes for an NCCL collective, halved: a CPU prefill chunk of 2,048 tokens
 # on a 70B model is the longest step we expect, and a hung worker should fail its requests sooner
 DEFAULT_DISTRIBUTED_TIMEOUT_S = 300.0
+# The leader's TCPStore port when ranks join from other pods: torch.distributed's MASTER_PORT default
+DEFAULT_MASTER_PORT = 29500
 
 
 @dataclass(slots=True)
@@ -60,12 +62,23 @@ class EngineConfig:
     # A collective of a tensor-parallel step that waits longer than this fails the engine (a hung
     # worker); generous, because the first step after start-up also waits for the slowest rank
     distributed_timeout: float = DEFAULT_DISTRIBUTED_TIMEOUT_S
+    # Pods (nodes) of one engine, each running tensor_parallel_size ranks: the world is
+    # tensor_parallel_size x nnodes ranks. This process is node 0 (the leader); nodes 1..nnodes-1
+    # are `pagedkube serve-worker` processes that join through the leader's TCPStore on master_port
+    # (engine/distributed/node.py), and must do so within distributed_timeout.
+    nnodes: int = 1
+    master_port: int = DEFAULT_MASTER_PORT
     # LoRA adapters (engine/lora/): vLLM's flags and defaults, except the rank cap: 64 (vLLM: 16)
     # covers the ranks published fine-tunes use (8-64) at (in + out) x 64 floats per projection and slot
     enable_lora: bool = False
     max_loras: int = 1                  # adapters resident in one step's slots (vLLM's default)
     max_lora_rank: int = 64
     max_cpu_loras: int | None = None    # adapters kept in host memory (LRU); None = max_loras, as vLLM
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the engine over all its nodes; each holds 1/world_size of every layer."""
+        return self.tensor_parallel_size * self.nnodes
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -120,6 +133,11 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {self.tensor_parallel_size!r}")
         if not isinstance(self.distributed_timeout, (int, float)) or not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout must be > 0 seconds, got {self.distributed_timeout!r}")
-        if self.enable_lora and self.tensor_parallel_size > 1:
+        if isinstance(self.nnodes, bool) or not isinstance(self.nnodes, int) or self.nnodes < 1:
+            raise ValueError(f"nnodes must be an integer >= 1, got {self.nnodes!r}")
+        if isinstance(self.master_port, bool) or not isinstance(self.master_port, int) \
+                or not 1 <= self.master_port <= 65535:
+            raise ValueError(f"master_port must be a TCP port (1-65535), got {self.master_port!r}")
+        if self.enable_lora and self.world_size > 1:
             raise ValueError("LoRA adapters are not sharded for tensor parallelism yet: use enable_lora with "
                              "tensor_parallel_size 1")

@@ -189,15 +189,15 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, config: EngineConfig, tp: WorkerLink | None = None):
         """tp: a tensor-parallel worker's link to rank 0 (engine/distributed/worker.py); None on
-        rank 0, which starts the workers itself when config.tensor_parallel_size > 1."""
+        rank 0, which starts the workers itself when config.world_size > 1."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
-        check_tensor_parallel(self.model_config, config.tensor_parallel_size)
-        if config.tensor_parallel_size > 1 and config.decode_capture == "on":
+        check_tensor_parallel(self.model_config, config.tensor_parallel_size, config.nnodes)
+        if config.world_size > 1 and config.decode_capture == "on":
             raise ValueError("decode_capture 'on' is not supported with tensor_parallel_size > 1 yet")
         self.device = resolve_device(config.device)
         self.tp: TPWorkers | WorkerLink | None = tp
-        if self.tp is None and config.tensor_parallel_size > 1:
+        if self.tp is None and config.world_size > 1:
             self.tp = TPWorkers(config)          # the workers load their shards while this one does
         try:
             self._build(config)
@@ -209,7 +209,7 @@ class ModelRunner:
         tp = self.tp
         rank = tp.rank if tp is not None else 0
         if tp is not None and self.device.type == "cuda":
-            self.device = torch.device("cuda", rank)
+            self.device = torch.device("cuda", rank % config.tensor_parallel_size)   # its GPU in its pod
             torch.cuda.set_device(self.device)
         # one parse of a GGUF file serves the type check and the load (gguf-py's reader takes seconds)
         gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None

@@ -122,6 +122,11 @@ ENGINE = _obj({
                                "layer: GPUs per pod on GPU (resources' nvidia.com/gpu must then equal it), "
                                "processes sharing the pod's cores on CPU. Must divide the model's attention "
                                "heads, KV heads and MLP size."),
+    "nodesPerReplica": _int(1, d.MAX_NODES_PER_REPLICA, 1,
+                            "Pods (nodes) of one engine, each running tensorParallelSize ranks (--nnodes): the "
+                            "model is split over tensorParallelSize x nodesPerReplica ranks. Above 1 the engine "
+                            "is a LeaderWorkerSet (sigs.k8s.io/lws, which must be installed) of that size, one "
+                            "group per replica; runtime pagedkube only."),
     "requireApiKey": {"type": "boolean", "default": True,
                       "description": "false: engines answer anyone who reaches them (no key at all). "
                                      "Default true: the generated key, or apiKeySecretRef's."},

@@ -113,8 +113,11 @@ def register_handlers(registry: kopf.OperatorRegistry, *, namespaces: list[str] 
             if param[1] == "Deployment" and body.metadata.labels.get("app.kubernetes.io/component") == "engine":
                 memo.reconciler.refresh_status(owner)
 
+    # a multi-node engine's worker pods (engine_lws.py) count for its problems as much as its leaders
     @kopf.on.event("", "v1", "pods", labels={**MANAGED, "app.kubernetes.io/component": "engine"},
                    registry=registry)
+    @kopf.on.event("", "v1", "pods", labels={**MANAGED, "app.kubernetes.io/component": naming.ENGINE_WORKER},
+                   registry=registry, id="engine_worker_pod_changed")
     def engine_pod_changed(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
         owner_name = body.metadata.labels.get(naming.OWNER_LABEL)
         if not owner_name or namespace is None:

@@ -26,7 +26,8 @@ CHILD_VERBS = ("get", "list", "watch", "create", "patch")
 OPERATOR_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (naming.GROUP, naming.PLURAL, ("get", "list", "watch", "patch")),   # kopf: watch, finalizers, annotations
     (naming.GROUP, f"{naming.PLURAL}/status", ("get", "patch")),
-    ("apps", "deployments", CHILD_VERBS),
+    ("apps", "deployments", (*CHILD_VERBS, "delete")),   # delete: an engine that became a LeaderWorkerSet
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", (*CHILD_VERBS, "delete")),   # nodesPerReplica > 1, and back
     ("", "services", CHILD_VERBS),
     ("", "configmaps", CHILD_VERBS),                # spec.adapters' list, which the engines read
     ("", "serviceaccounts", CHILD_VERBS),

@@ -23,6 +23,7 @@ PLURALS = {
     "Role": "roles", "RoleBinding": "rolebindings", "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions",
     "Event": "events", "Secret": "secrets", "ConfigMap": "configmaps", "NetworkPolicy": "networkpolicies", "Lease": "leases",
+    "LeaderWorkerSet": "leaderworkersets",
     naming.KIND: naming.PLURAL,
 }
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"

@@ -4,7 +4,9 @@ Labels follow the Kubernetes recommended set:
 
     app.kubernetes.io/name=pagedkube            every child
     app.kubernetes.io/instance=<llmservice>     every child
-    app.kubernetes.io/component=engine|gateway  per part
+    app.kubernetes.io/component=engine|gateway  per part (a multi-node engine's
+                                                worker pods: engine-worker, so that
+                                                what selects engines finds leaders only)
     app.kubernetes.io/managed-by=pagedkube-operator
     pagedkube.io/llmservice=<llmservice>        the owner, for `kubectl get -l`
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from pagedkube import __version__
 from pagedkube.defaults import default_of
+from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.gateway.config import GatewayConfig
 # The resource's coordinates, defined once for the operator and the gateway's autoscaler alike.
@@ -34,6 +37,12 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 ENGINE_PORT: int = default_of(ServerConfig, "port")     # `pagedkube serve`'s (and vLLM's) default
 GATEWAY_PORT: int = default_of(GatewayConfig, "port")   # `pagedkube gateway`'s default
 GATEWAY_SERVICE_PORT = 80
+# A multi-node engine (spec.engine.nodesPerReplica > 1) is a LeaderWorkerSet (sigs.k8s.io/lws)
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+ENGINE_WORKER = "engine-worker"     # the component label of a multi-node engine's worker pods
+MASTER_PORT: int = default_of(EngineConfig, "master_port")   # the leader's TCPStore, which workers join
 
 
 def engine_name(name: str) -> str:

@@ -23,7 +23,7 @@ from pagedkube.operator.builders.security import (
 from pagedkube.operator.drift import needs_apply, with_hash
 from pagedkube.operator.kube import Kube
 from pagedkube.operator.spec import LLMServiceSpec
-from pagedkube.operator.status import compute_status
+from pagedkube.operator.status import Problem, compute_status
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]   # (body, "Normal"|"Warning", reason, message)
 SECRET_BYTES = 32   # 256 random bits each for the engine key and the hash seed (Python's `secrets` advice)
@@ -105,6 +105,8 @@ class Reconciler:
             children = self.desired(body, svc)
         except ValueError as e:  # reported once, through the conditions' change (_announce)
             return self.status(body, None, invalid_spec=str(e))
+        if self._lws_missing(svc):   # reported by status(): applying would be a 404
+            children = [c for c in children if c["kind"] != naming.LWS_KIND]
         for child in children:
             applied = self._sync(body, child, self.kube.get(*self._where(child, namespace)), restoring=restoring)
             if applied and child["kind"] == "Deployment" and svc.gateway.image and not self.allow_gateway_image \
@@ -112,6 +114,7 @@ class Reconciler:
                 self.emit(body, "Warning", "GatewayImageIgnored",
                           f"spec.gateway.image {svc.gateway.image!r} is ignored: the operator runs the gateway "
                           f"from {naming.GATEWAY_IMAGE} unless started with --allow-gateway-image")
+        self._delete_other_workload(body, svc)
         if not any(c["kind"] == "NetworkPolicy" for c in children):   # switched off: do not leave it behind
             if self.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, naming.engine_name(name)):
                 self.emit(body, "Normal", "Deleted", f"NetworkPolicy {naming.engine_name(name)}")
@@ -120,6 +123,38 @@ class Reconciler:
             if self.kube.delete("monitoring.coreos.com/v1", "ServiceMonitor", namespace, name):
                 self.emit(body, "Normal", "Deleted", f"ServiceMonitor {name}")
         return self.status(body, svc)
+
+    def _lws_missing(self, svc: LLMServiceSpec) -> bool:
+        """A multi-node engine asked for where the LeaderWorkerSet API is not installed."""
+        return svc.engine.nodes_per_replica > 1 and not self.kube.crd_exists(naming.LWS_CRD)
+
+    def _delete_other_workload(self, body: Mapping[str, Any], svc: LLMServiceSpec) -> None:
+        """nodesPerReplica crossed 1: the engine's old owner (Deployment or LeaderWorkerSet) goes."""
+        namespace, name = svc.namespace, naming.engine_name(svc.name)
+        if svc.engine.nodes_per_replica > 1:
+            gone = self.kube.delete("apps/v1", "Deployment", namespace, name)
+            what = f"Deployment {name} (the engine is a {naming.LWS_KIND} now)"
+        else:
+            gone = self.kube.crd_exists(naming.LWS_CRD) and self.kube.delete(
+                naming.LWS_API_VERSION, naming.LWS_KIND, namespace, name)
+            what = f"{naming.LWS_KIND} {name} (the engine is a Deployment now)"
+        if gone:
+            self.emit(body, "Normal", "Deleted", what)
+
+    def _engine_workload(self, svc: LLMServiceSpec | None, namespace: str, name: str) -> dict[str, Any] | None:
+        """The engine Deployment, or a multi-node engine's LeaderWorkerSet seen as one: its
+        replicas, readyReplicas and updatedReplicas count groups (a group is ready when all its
+        pods are, LWS's own rule); LWS's status has no observedGeneration, so its generation is
+        taken as seen."""
+        if svc is None or svc.engine.nodes_per_replica == 1:
+            return self.kube.get("apps/v1", "Deployment", namespace, naming.engine_name(name))
+        if not self.kube.crd_exists(naming.LWS_CRD):
+            return None
+        lws = self.kube.get(naming.LWS_API_VERSION, naming.LWS_KIND, namespace, naming.engine_name(name))
+        if lws is None:
+            return None
+        generation = (lws.get("metadata") or {}).get("generation") or 0
+        return {**lws, "status": {"observedGeneration": generation, **(lws.get("status") or {})}}
 
     def owner_is_live(self, body: Mapping[str, Any]) -> bool:
         """The LLMService still exists, is the same object (uid), and is not being deleted."""
@@ -163,15 +198,24 @@ class Reconciler:
         """`svc`: the parsed spec, None when it is invalid (then `invalid_spec` says why)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        deployment = self.kube.get("apps/v1", "Deployment", namespace, naming.engine_name(name))
+        deployment = self._engine_workload(svc, namespace, name)
         pods = self.kube.list("v1", "Pod", namespace, naming.engine_selector(name)) if deployment else []
+        if deployment is not None and deployment.get("kind") == naming.LWS_KIND:   # workers fail too: say which
+            pods += self.kube.list("v1", "Pod", namespace,
+                                   naming.selector_string(naming.selector_labels(name, naming.ENGINE_WORKER)))
+        blocked = None
+        if svc is not None and deployment is None and self._lws_missing(svc):
+            blocked = Problem("LeaderWorkerSetMissing",
+                              f"spec.engine.nodesPerReplica {svc.engine.nodes_per_replica} runs each engine as a "
+                              f"{naming.LWS_KIND}, but its API ({naming.LWS_CRD}) is not installed: install "
+                              f"LeaderWorkerSet (docs/deploy.md) or set nodesPerReplica to 1")
         old = body.get("status") or {}
         new = compute_status(
             name=name, namespace=namespace, generation=int(meta.get("generation") or 0),
             # An invalid spec's conditions say only why it is invalid: no count to compare with.
             desired_replicas=svc.replicas if svc is not None else 0,
             deployment=deployment, pods=pods,
-            old_conditions=old.get("conditions") or [], now=self.now(), invalid_spec=invalid_spec)
+            old_conditions=old.get("conditions") or [], now=self.now(), invalid_spec=invalid_spec, blocked=blocked)
         self._announce(body, old.get("conditions") or [], new["conditions"])
         return new
 

@@ -58,6 +58,7 @@ MAX_TENSOR_PARALLEL_SIZE = 64     # 8 GPUs per node is the usual most; 64 leaves
 # of a small fleet in one step; more adapters than slots take turns between steps (LRU), as in vLLM.
 DEFAULT_MAX_LORAS = 8
 DEFAULT_MAX_LORA_RANK: int = default_of(EngineConfig, "max_lora_rank")   # the engine's (vLLM's is 16)
+MAX_NODES_PER_REPLICA = 16       # 16 x 8 GPUs: a 405B model in bf16 needs 2 nodes of 8 x 80 GB
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SCRAPE_INTERVAL = "30s"    # Prometheus Operator's usual interval
 # Who may scrape engine /metrics through the NetworkPolicy when spec.networkPolicy.metricsFrom is unset:
@@ -161,6 +162,7 @@ class EngineSpec:
     tensor_parallel_size: int = DEFAULT_TENSOR_PARALLEL_SIZE                # --tensor-parallel-size: ranks per pod
     max_loras: int | None = None          # --max-loras; None: DEFAULT_MAX_LORAS when there are adapters
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK                              # --max-lora-rank
+    nodes_per_replica: int = 1            # pods of one engine (--nnodes); > 1: a LeaderWorkerSet
 
     @property
     def num_gpus(self) -> int:
@@ -249,6 +251,10 @@ class LLMServiceSpec:
         if engine.runtime == "vllm" and (adapters or engine.max_loras is not None):
             raise ValueError("spec.adapters needs the pagedkube runtime (its engines follow the adapter list "
                              "without a restart); the vllm runtime takes --lora-modules in spec.engine.extraArgs")
+        ranks = engine.tensor_parallel_size * engine.nodes_per_replica
+        if ranks > 1 and (adapters or engine.max_loras is not None):
+            raise ValueError(f"spec.adapters needs one rank per engine for now: LoRA adapters are not sharded for "
+                             f"tensor parallelism (tensorParallelSize x nodesPerReplica is {ranks})")
         return cls(
             name=name,
             namespace=meta.get("namespace") or "default",
@@ -347,7 +353,14 @@ def _engine(d: Mapping[str, Any]) -> EngineSpec:
                                   "spec.engine.tensorParallelSize"),
         max_loras=_int(d, "maxLoras", None, "spec.engine.maxLoras"),
         max_lora_rank=_int(d, "maxLoraRank", DEFAULT_MAX_LORA_RANK, "spec.engine.maxLoraRank"),
+        nodes_per_replica=_int(d, "nodesPerReplica", 1, "spec.engine.nodesPerReplica"),
     )
+    if engine.nodes_per_replica > MAX_NODES_PER_REPLICA:
+        raise ValueError(f"spec.engine.nodesPerReplica must be <= {MAX_NODES_PER_REPLICA}, "
+                         f"got {engine.nodes_per_replica}")
+    if engine.nodes_per_replica > 1 and runtime != "pagedkube":
+        raise ValueError(f"spec.engine.nodesPerReplica {engine.nodes_per_replica} needs runtime pagedkube: the "
+                         f"vllm runtime spans nodes through Ray, which the operator does not set up")
     if engine.tensor_parallel_size > MAX_TENSOR_PARALLEL_SIZE:
         raise ValueError(f"spec.engine.tensorParallelSize must be <= {MAX_TENSOR_PARALLEL_SIZE}, "
                          f"got {engine.tensor_parallel_size}")

@@ -106,8 +106,10 @@ def _keep_transition_times(new: list[dict[str, Any]], old: Iterable[Mapping[str,
 def compute_status(*, name: str, namespace: str, generation: int, desired_replicas: int,
                    deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]],
                    old_conditions: Iterable[Mapping[str, Any]] = (), now: str,
-                   invalid_spec: str | None = None) -> dict[str, Any]:
-    """The whole `status` of an LLMService (replaces the old one)."""
+                   invalid_spec: str | None = None, blocked: Problem | None = None) -> dict[str, Any]:
+    """The whole `status` of an LLMService (replaces the old one). `deployment`: the engine
+    Deployment, or a LeaderWorkerSet in its shape (reconcile.py); `blocked`: why the engines
+    cannot be created at all (an API the spec needs is not installed)."""
     pods = list(pods)
     dstatus = (deployment or {}).get("status") or {}
     replicas = int(dstatus.get("replicas") or 0)
@@ -116,17 +118,16 @@ def compute_status(*, name: str, namespace: str, generation: int, desired_replic
     dgen_seen = int(dstatus.get("observedGeneration") or 0)
     dgen = int(((deployment or {}).get("metadata") or {}).get("generation") or 0)
 
-    problem: Problem | None = None
-    if invalid_spec:
-        problem = Problem("InvalidSpec", invalid_spec)
-    elif deployment is not None:
+    blocker = Problem("InvalidSpec", invalid_spec) if invalid_spec else blocked
+    problem: Problem | None = blocker
+    if blocker is None and deployment is not None:
         problem = deployment_problem(deployment)
         for pod in sorted(pods, key=lambda p: p.get("metadata", {}).get("name", "")):
             problem = problem or pod_problem(pod)
 
     summary = f"{ready}/{desired_replicas} engines ready"
-    if invalid_spec:
-        ready_cond = _condition("Ready", False, "InvalidSpec", invalid_spec, generation)
+    if blocker:
+        ready_cond = _condition("Ready", False, blocker.reason, blocker.message, generation)
     elif deployment is None:
         ready_cond = _condition("Ready", False, "EnginesNotCreated", "the engine Deployment does not exist yet",
                                 generation)
@@ -148,9 +149,10 @@ def compute_status(*, name: str, namespace: str, generation: int, desired_replic
 
     rolled_out = (deployment is not None and dgen_seen >= dgen and updated == desired_replicas
                   and replicas == desired_replicas and ready == desired_replicas)
-    if invalid_spec:
-        progressing = _condition("Progressing", False, "InvalidSpec",
-                                 "nothing is rolled out until the spec is fixed", generation)
+    if blocker:
+        progressing = _condition("Progressing", False, blocker.reason,
+                                 "nothing is rolled out until " + ("the spec is fixed" if invalid_spec
+                                                                   else "this is resolved"), generation)
     elif deployment is None or rolled_out:
         progressing = _condition("Progressing", False, "Complete" if rolled_out else "NotStarted",
                                  summary if rolled_out else "no engine rollout in progress", generation)

@@ -114,6 +114,17 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
                        help="ranks of one engine, each holding 1/N of every layer (gloo on CPU, NCCL on CUDA); "
                             "N must divide the model's attention heads, KV heads and MLP size "
                             f"(default {_engine('tensor_parallel_size')})"),
+        g.add_argument("--nnodes", type=int, default=default(_engine("nnodes")),
+                       help="nodes (pods) of one engine, each running --tensor-parallel-size ranks; this process "
+                            "is node 0 and the others join with `pagedkube serve-worker --master-addr THIS_HOST "
+                            f"--node-rank K` (default {_engine('nnodes')})"),
+        g.add_argument("--master-port", type=int, default=default(_engine("master_port")),
+                       help="with --nnodes > 1: the port the other nodes join on "
+                            f"(default {_engine('master_port')})"),
+        g.add_argument("--distributed-timeout", type=float, default=default(_engine("distributed_timeout")),
+                       help="seconds a tensor-parallel collective, or another node's joining at start-up, may "
+                            "take before the engine fails (a hung or missing rank) "
+                            f"(default {_engine('distributed_timeout'):g})"),
         g.add_argument("--block-size", type=int, default=default(_engine("block_size"))),
     ]
     kv = g.add_mutually_exclusive_group()

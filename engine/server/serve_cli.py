@@ -81,6 +81,7 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
         decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
         structured_outputs_backend=args.structured_outputs_backend,
         grammar_compile_timeout=args.grammar_compile_timeout, tensor_parallel_size=args.tensor_parallel_size,
+        nnodes=args.nnodes, master_port=args.master_port, distributed_timeout=args.distributed_timeout,
         enable_lora=bool(args.enable_lora), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras)
     return ServerConfig(engine=engine, served_model_name=args.served_model_name, host=args.host, port=args.port,
@@ -96,15 +97,15 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_parallel_sizes(engine: EngineConfig) -> None:
-    """A --tensor-parallel-size that cannot split the model: ValueError before anything starts."""
-    if engine.tensor_parallel_size == 1:
+    """A --tensor-parallel-size (x --nnodes) that cannot split the model: ValueError before anything starts."""
+    if engine.world_size == 1:
         return
     from pagedkube.engine.distributed.checks import check_tensor_parallel
     from pagedkube.engine.model_config import ModelConfig
     from pagedkube.model_source import resolve_model_source
 
     model_dir = resolve_model_source(engine.model).path
-    check_tensor_parallel(ModelConfig.from_pretrained(model_dir), engine.tensor_parallel_size)
+    check_tensor_parallel(ModelConfig.from_pretrained(model_dir), engine.tensor_parallel_size, engine.nnodes)
 
 
 def port_unavailable(host: str, port: int) -> str | None:

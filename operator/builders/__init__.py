@@ -2,6 +2,7 @@
 
     engine.py      the engine Deployment and its headless Service
     adapters.py    spec.adapters: the ConfigMap the engines follow, their LoRA flags and mounts
+    engine_lws.py  a multi-node engine's LeaderWorkerSet (spec.engine.nodesPerReplica > 1)
     gateway.py     the gateway Deployment and the user-facing Service
     deployment.py  the Deployment around either component's pod
     common.py      security contexts, /tmp, probes: what every pod shares
@@ -17,6 +18,7 @@ from typing import Any
 
 from pagedkube.operator.builders.adapters import build_adapters_config_map
 from pagedkube.operator.builders.engine import build_engine_deployment, build_engine_service
+from pagedkube.operator.builders.engine_lws import build_engine_leader_worker_set
 from pagedkube.operator.builders.gateway import build_gateway_deployment, build_gateway_service
 from pagedkube.operator.builders.monitoring import build_service_monitor
 from pagedkube.operator.builders.pdb import build_engine_pdb
@@ -42,7 +44,7 @@ def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_ve
         *([build_engine_network_policy(svc)] if svc.network_policy.enabled else []),
         build_engine_service(svc),
         *([build_adapters_config_map(svc)] if svc.lora_enabled else []),
-        build_engine_deployment(svc, secret_version, model_cache_host_path),
+        build_engine_workload(svc, secret_version, model_cache_host_path),
         build_engine_pdb(svc),
         build_gateway_service(svc),
         build_gateway_deployment(svc, secret_version, keys_version, allow_image=allow_gateway_image),
@@ -52,4 +54,12 @@ def build_children(svc: LLMServiceSpec, *, with_service_monitor: bool, secret_ve
     return children
 
 
-__all__ = ["build_children"]
+def build_engine_workload(svc: LLMServiceSpec, secret_version: str = "",
+                          model_cache_host_path: str = "") -> dict[str, Any]:
+    """The engine pods' owner: a Deployment, or a LeaderWorkerSet when one engine spans pods."""
+    if svc.engine.nodes_per_replica > 1:
+        return build_engine_leader_worker_set(svc, secret_version, model_cache_host_path)
+    return build_engine_deployment(svc, secret_version, model_cache_host_path)
+
+
+__all__ = ["build_children", "build_engine_workload"]

@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pagedkube.operator import naming
-from pagedkube.operator.builders.adapters import fetch_adapters_too, lora_pod
 from pagedkube.operator.builders.common import (
     HOME_ENV, TMP_MOUNT, TMP_VOLUME, container_security_context, http_probe, liveness_probe, maybe, readiness_probe)
 from pagedkube.operator.builders.deployment import component_deployment
-from pagedkube.operator.builders.model import ModelCache, model_mount
+from pagedkube.operator.builders.adapters import fetch_adapters_too, lora_pod
+from pagedkube.operator.builders.model import ModelCache, ModelMount, model_mount
 from pagedkube.operator.builders.security import engine_api_key_env, hash_seed_env
 from pagedkube.operator.spec import LLMServiceSpec
 
@@ -58,6 +58,8 @@ def engine_command(svc: LLMServiceSpec, model_path: str | None) -> tuple[list[st
         optional += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
     if e.tensor_parallel_size > 1:       # the same flag in both runtimes
         optional += ["--tensor-parallel-size", str(e.tensor_parallel_size)]
+    if e.nodes_per_replica > 1:          # the leader of a LeaderWorkerSet group (engine_lws.py)
+        optional += ["--nnodes", str(e.nodes_per_replica), "--master-port", str(naming.MASTER_PORT)]
     if e.runtime == "vllm":
         assert model_path is not None, "vllm needs a model path (validated in spec)"
         tools = ([] if e.tool_call_parser in ("auto", "none")    # vLLM has no template detection
@@ -87,18 +89,12 @@ def engine_env(svc: LLMServiceSpec, model_env: Sequence[Mapping[str, Any]] = ())
     return env + [dict(v) for v in svc.engine.env]
 
 
-def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
-                            model_cache_host_path: str = "") -> dict[str, Any]:
-    """secret_version: security.secret_version() of the generated Secret; a new one rolls the pods.
-    model_cache_host_path: the operator's --model-cache-host-path (builders/model.py)."""
+def engine_model_mount(svc: LLMServiceSpec, image: str, model_cache_host_path: str) -> ModelMount:
+    """The model's volumes and download for an engine pod (leader and workers alike)."""
     e = svc.engine
-    image = engine_image(svc)
     mount = model_mount(svc.source, runtime=e.runtime, image=image, hf_token_secret=svc.hf_token_secret,
                         security_context=container_security_context(), tmp_mount=TMP_MOUNT,
                         cache=ModelCache(svc.model_cache_claim, model_cache_host_path))
-    command, args = engine_command(svc, mount.model_path)
-    lora = lora_pod(svc)
-    args += [*mount.extra_args, *lora.args]
     # The model download runs in the engine image with the engine's pull policy and
     # spec.engine.env (HF_ENDPOINT for a Hub mirror, HTTPS_PROXY, ...).
     for init in mount.init_containers:
@@ -106,10 +102,14 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
         init["env"] = [*init["env"], *(dict(v) for v in e.env)]
         if svc.lora_enabled:
             fetch_adapters_too(init)
-    # vLLM's own health check is /health; it has no separate readiness endpoint.
-    ready_path = "/health" if e.runtime == "vllm" else "/ready"
-    volumes = [TMP_VOLUME, *mount.volumes, *lora.volumes]
-    mounts = [TMP_MOUNT, *mount.mounts, *lora.mounts]
+    return mount
+
+
+def engine_volumes(svc: LLMServiceSpec, mount: ModelMount) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) of an engine container: /tmp, the model, and /dev/shm where needed."""
+    e = svc.engine
+    volumes = [TMP_VOLUME, *mount.volumes]
+    mounts = [TMP_MOUNT, *mount.mounts]
     if e.runtime == "vllm" or (e.num_gpus and e.tensor_parallel_size > 1):
         # NCCL and vLLM's worker processes share memory through /dev/shm; the container runtime's
         # default is 64 MiB, too little for NCCL between the GPUs of one pod
@@ -118,6 +118,39 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
             shm["sizeLimit"] = NCCL_SHM_SIZE
         volumes.append({"name": "shm", "emptyDir": shm})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def engine_pod(svc: LLMServiceSpec, container: dict[str, Any], mount: ModelMount,
+               volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod spec's own fields around an engine container (the server or a multi-node worker)."""
+    e = svc.engine
+    return {
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": termination_grace_s(svc),
+        **maybe("initContainers", mount.init_containers),
+        "containers": [container],
+        "volumes": volumes,
+        **maybe("nodeSelector", dict(e.node_selector)),
+        **maybe("tolerations", [dict(t) for t in e.tolerations]),
+    }
+
+
+def engine_server_pod(svc: LLMServiceSpec, model_cache_host_path: str = "") -> dict[str, Any]:
+    """The pod that serves HTTP: the Deployment's, or a LeaderWorkerSet's leader."""
+    e = svc.engine
+    image = engine_image(svc)
+    mount = engine_model_mount(svc, image, model_cache_host_path)
+    command, args = engine_command(svc, mount.model_path)
+    lora = lora_pod(svc)
+    args += [*mount.extra_args, *lora.args]
+    # vLLM's own health check is /health; it has no separate readiness endpoint.
+    ready_path = "/health" if e.runtime == "vllm" else "/ready"
+    volumes, mounts = engine_volumes(svc, mount)
+    volumes, mounts = [*volumes, *lora.volumes], [*mounts, *lora.mounts]
+    ports = [{"name": "http", "containerPort": naming.ENGINE_PORT, "protocol": "TCP"}]
+    if e.nodes_per_replica > 1:
+        ports.append({"name": "dist", "containerPort": naming.MASTER_PORT, "protocol": "TCP"})
     container = {
         "name": ENGINE_CONTAINER,
         "image": image,
@@ -125,7 +158,7 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
         "command": command,
         "args": args,
         "env": engine_env(svc, mount.env),
-        "ports": [{"name": "http", "containerPort": naming.ENGINE_PORT, "protocol": "TCP"}],
+        "ports": ports,
         **maybe("resources", dict(e.resources)),
         "startupProbe": http_probe("/health", period_s=STARTUP_PERIOD_S, failure_threshold=STARTUP_FAILURES),
         # /health checks the engine core's heartbeat, so it stays HTTP, with a loaded node's patience.
@@ -135,18 +168,18 @@ def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
+    return engine_pod(svc, container, mount, volumes)
+
+
+def build_engine_deployment(svc: LLMServiceSpec, secret_version: str = "",
+                            model_cache_host_path: str = "") -> dict[str, Any]:
+    """secret_version: security.secret_version() of the generated Secret; a new one rolls the pods.
+    model_cache_host_path: the operator's --model-cache-host-path (builders/model.py)."""
     # Without spare GPUs a surge pod cannot schedule; replace one at a time instead.
-    rolling = {"maxSurge": 0, "maxUnavailable": 1} if e.num_gpus else {"maxSurge": 1, "maxUnavailable": 0}
+    rolling = {"maxSurge": 0, "maxUnavailable": 1} if svc.engine.num_gpus else {"maxSurge": 1, "maxUnavailable": 0}
     return component_deployment(svc, "engine", naming.engine_name(svc.name), replicas=svc.replicas,
-                                rolling_update=rolling, secret_version=secret_version, pod={
-        "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": termination_grace_s(svc),
-        **maybe("initContainers", mount.init_containers),
-        "containers": [container],
-        "volumes": volumes,
-        **maybe("nodeSelector", dict(e.node_selector)),
-        **maybe("tolerations", [dict(t) for t in e.tolerations]),
-    })
+                                rolling_update=rolling, secret_version=secret_version,
+                                pod=engine_server_pod(svc, model_cache_host_path))
 
 
 def build_engine_service(svc: LLMServiceSpec) -> dict[str, Any]:

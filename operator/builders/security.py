@@ -117,12 +117,21 @@ def build_engine_network_policy(svc: LLMServiceSpec) -> dict[str, Any]:
                 "ports": port}]
     if svc.network_policy.metrics_from:
         ingress.append({"from": [dict(p) for p in svc.network_policy.metrics_from], "ports": port})
+    selector: dict[str, Any] = {"matchLabels": naming.selector_labels(svc.name, "engine")}
+    if svc.engine.nodes_per_replica > 1:
+        # A multi-node engine's pods talk among themselves on any port: the leader's store
+        # (MASTER_PORT) and gloo/NCCL's own, which each rank picks at start-up.
+        labels = naming.selector_labels(svc.name, "engine")
+        del labels["app.kubernetes.io/component"]
+        selector = {"matchLabels": labels, "matchExpressions": [{
+            "key": "app.kubernetes.io/component", "operator": "In", "values": ["engine", naming.ENGINE_WORKER]}]}
+        ingress.append({"from": [{"podSelector": selector}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": naming.metadata(naming.engine_name(svc.name), svc.namespace, svc.name, svc.uid, "engine"),
         "spec": {
-            "podSelector": {"matchLabels": naming.selector_labels(svc.name, "engine")},
+            "podSelector": selector,
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },

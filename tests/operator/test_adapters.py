@@ -95,6 +95,14 @@ def test_the_served_model_name_and_the_vllm_runtime_are_refused() -> None:
     assert validate(CRD, body([VET, CATS, DIET], engine={"maxLoras": 4, "maxLoraRank": 16})) == []
 
 
+@pytest.mark.parametrize("engine, ranks", [({"tensorParallelSize": 2}, 2), ({"nodesPerReplica": 2}, 2),
+                                           ({"tensorParallelSize": 2, "nodesPerReplica": 2}, 4)])
+def test_adapters_on_a_sharded_engine_are_refused(engine, ranks) -> None:
+    """The engine refuses LoRA under tensor parallelism; the operator says so before any pod crash-loops."""
+    with pytest.raises(ValueError, match=rf"LoRA adapters are not sharded .* nodesPerReplica is {ranks}\)"):
+        parse(body([VET], engine=engine))
+
+
 def engine_pod(b: dict) -> dict:
     return build_engine_deployment(parse(b))["spec"]["template"]
 

@@ -70,7 +70,8 @@ def test_defaults_are_applied_like_the_api_server() -> None:
     assert obj["spec"]["replicas"] == 1
     assert obj["spec"]["engine"] == {"runtime": "pagedkube", "blockSize": 16, "maxNumSeqs": 256,
                                      "requireApiKey": True, "toolCallParser": "auto",
-                                     "structuredOutputsBackend": "auto", "tensorParallelSize": 1}
+                                     "structuredOutputsBackend": "auto", "tensorParallelSize": 1,
+                                     "nodesPerReplica": 1}
     # drainTimeoutSeconds has no schema default: the operator derives it
     assert obj["spec"]["gateway"]["routing"] == {"policy": "prefix", "loadBound": 1.5}
     assert obj["spec"]["gateway"]["routeHeaders"] is False

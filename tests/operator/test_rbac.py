@@ -37,7 +37,9 @@ def test_the_operator_holds_everything_it_grants_the_gateway_and_no_wildcards() 
 
 def test_children_are_never_deleted_by_the_operator_but_those_a_switch_turns_off() -> None:
     deletable = {(g, r) for g, r, v in triples(cluster_role()["rules"]) if v == "delete"}
-    assert deletable == {("monitoring.coreos.com", "servicemonitors"), ("networking.k8s.io", "networkpolicies")}
+    # spec.engine.nodesPerReplica crossing 1 swaps the engine's Deployment for a LeaderWorkerSet, and back
+    assert deletable == {("monitoring.coreos.com", "servicemonitors"), ("networking.k8s.io", "networkpolicies"),
+                         ("apps", "deployments"), ("leaderworkerset.x-k8s.io", "leaderworkersets")}
 
 
 def test_secrets_are_only_created_never_read() -> None:

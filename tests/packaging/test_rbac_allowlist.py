@@ -36,6 +36,10 @@ CLUSTER_WIDE: dict[tuple[str, str, str], str] = {
     **{("", "configmaps", v): "the NAME-adapters child (spec.adapters, which the engines follow); " + CHILD
        for v in ("get", "list", "watch", "create", "patch")},
     ("networking.k8s.io", "networkpolicies", "delete"): "spec.networkPolicy.enabled false removes it",
+    ("apps", "deployments", "delete"): "an engine Deployment replaced by a LeaderWorkerSet (nodesPerReplica > 1)",
+    **{("leaderworkerset.x-k8s.io", "leaderworkersets", v): "the multi-node engine child (nodesPerReplica > 1); "
+       + CHILD for v in ("get", "list", "watch", "create", "patch")},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", "delete"): "nodesPerReplica back to 1 replaces it by a Deployment",
     ("", "secrets", "create"): "the generated Secrets, made once by create (409 = exists); never read",
     ("coordination.k8s.io", "leases", "create"): "each gateway's autoscaler Lease, made once, empty",
     **{("coordination.k8s.io", "leases", v): GRANT for v in ("get", "update")},
