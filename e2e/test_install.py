@@ -31,6 +31,10 @@ API_MESSAGES = {
     "zero queue target": "spec.autoscaling.targetQueueDepth: Invalid value: 0: spec.autoscaling.targetQueueDepth "
                          "in body should be greater than 0",
     "unknown field": 'strict decoding error: unknown field "spec.replica"',
+    "zero ranks": "spec.engine.tensorParallelSize: Invalid value: 0: spec.engine.tensorParallelSize in body should "
+                  "be greater than or equal to 1",
+    "too many ranks": "spec.engine.tensorParallelSize: Invalid value: 65: spec.engine.tensorParallelSize in body "
+                      "should be less than or equal to 64",
     "name too long": "<nil>: Invalid value: metadata.name must be at most 55 characters (children append -gateway)",
     "api keys without name": "spec.gateway.apiKeySecretRef.name: Required value",
     "engine key without name": "spec.engine.apiKeySecretRef.name: Required value",
