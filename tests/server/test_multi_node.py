@@ -15,13 +15,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import openai
 import pytest
 
-from .conftest import ServerProcess, free_port, wait_until
+from .conftest import ServerProcess, free_port
+from .test_tensor_parallel import assert_a_killed_rank_fails_in_flight_requests
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -105,35 +105,9 @@ def test_killing_the_worker_node_fails_in_flight_requests_loudly(tmp_path):
     port = free_port()
     server = leader(tmp_path, "leader", port, "--max-model-len", "2048")
     worker = WorkerNode(tmp_path / "worker.log", port, node_rank=1)
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    long = dict(model="tiny", max_tokens=1900, temperature=0.0, extra_body={"ignore_eos": True})
-    outcome: dict[str, object] = {}
-
-    def plain() -> None:
-        try:
-            outcome["plain"] = client.completions.create(prompt="My dog barks at night.", **long)
-        except openai.APIStatusError as exc:
-            outcome["plain"] = exc
-
     try:
         server.wait_ready()
-        thread = threading.Thread(target=plain)
-        thread.start()
-        stream = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], stream=True, **long)
-        chunks = iter(stream)
-        next(chunks)
-        next(chunks)                                   # tokens are flowing through both nodes
-        worker.kill()
-        with pytest.raises(openai.APIError, match="tensor-parallel"):
-            for _ in chunks:
-                pass
-        thread.join(60)
-        err = outcome["plain"]
-        assert isinstance(err, openai.InternalServerError), err
-        assert err.status_code == 500 and "a rank on another node is gone or hung" in err.message
-        wait_until(lambda: server.proc.poll() is not None, timeout=60)
-        assert server.proc.returncode not in (0, None)
-        assert "the engine cannot step any more" in server.log()
+        assert_a_killed_rank_fails_in_flight_requests(server, worker.kill, "a rank on another node is gone or hung")
     finally:
         server.kill()
         worker.kill()

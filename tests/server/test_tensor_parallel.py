@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Callable
 
 import openai
 import psutil
@@ -81,8 +82,10 @@ def test_256_clients_are_all_answered_under_tp2(tmp_path_factory):
         assert server.stop() == 0
 
 
-def test_a_killed_worker_fails_requests_loudly_and_the_server_exits_non_zero(tmp_path_factory):
-    server = tp_server(tmp_path_factory, "tp-kill", "--max-model-len", "2048")
+def assert_a_killed_rank_fails_in_flight_requests(server: ServerProcess, kill: Callable[[], None],
+                                                  message: str) -> None:
+    """A plain request and a stream in flight; `kill` ends a rank mid-answer: the stream ends with an
+    error event, the plain request with a 500 carrying `message`, and the server exits non-zero."""
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     long = dict(model="tiny", max_tokens=1900, temperature=0.0, extra_body={"ignore_eos": True})
     outcome: dict[str, object] = {}
@@ -93,24 +96,31 @@ def test_a_killed_worker_fails_requests_loudly_and_the_server_exits_non_zero(tmp
         except openai.APIStatusError as exc:
             outcome["plain"] = exc
 
+    thread = threading.Thread(target=plain)
+    thread.start()
+    stream = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], stream=True, **long)
+    chunks = iter(stream)
+    next(chunks)
+    next(chunks)                                   # tokens are flowing
+    kill()
+    with pytest.raises(openai.APIError, match="tensor-parallel"):
+        for _ in chunks:
+            pass
+    thread.join(60)
+    err = outcome["plain"]
+    assert isinstance(err, openai.InternalServerError), err
+    assert err.status_code == 500 and message in err.message
+    wait_until(lambda: server.proc.poll() is not None, timeout=60)
+    assert server.proc.returncode not in (0, None)
+    assert "the engine cannot step any more" in server.log()
+
+
+def test_a_killed_worker_fails_requests_loudly_and_the_server_exits_non_zero(tmp_path_factory):
+    server = tp_server(tmp_path_factory, "tp-kill", "--max-model-len", "2048")
     try:
-        thread = threading.Thread(target=plain)
-        thread.start()
-        stream = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], stream=True, **long)
-        chunks = iter(stream)
-        next(chunks)
-        next(chunks)                                   # tokens are flowing
-        (worker,) = workers(server)
-        worker.kill()
-        with pytest.raises(openai.APIError, match="tensor-parallel"):
-            for _ in chunks:
-                pass
-        thread.join(60)
-        err = outcome["plain"]
-        assert isinstance(err, openai.InternalServerError), err
-        assert err.status_code == 500 and "tensor-parallel rank 1 killed by SIGKILL" in err.message
-        wait_until(lambda: server.proc.poll() is not None, timeout=60)
-        assert server.proc.returncode not in (0, None)
-        assert "the engine cannot step any more" in server.log()
+        def kill() -> None:
+            (worker,) = workers(server)
+            worker.kill()
+        assert_a_killed_rank_fails_in_flight_requests(server, kill, "tensor-parallel rank 1 killed by SIGKILL")
     finally:
         server.kill()
