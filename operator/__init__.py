@@ -4,6 +4,7 @@
     handlers.py   kopf handlers: thin routes to the Reconciler
     reconcile.py  desired children -> server-side apply; status from what runs
     spec.py       the LLMService spec as the operator reads it, defaults applied, validated
+    model_spec.py spec.model: the weights' source (ModelSource) and the download cache's claim
     adapters.py   spec.adapters: LoRA adapter names and sources, parsed and checked
     naming.py     names, labels, images and owner references of the children
     crd.py        the CRD (schema, CEL rules), source of manifests/crd.yaml

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedkube.operator.spec import ModelSource
+from pagedkube.operator.model_spec import ModelSource
 
 MODEL_VOLUME = "model"
 MODEL_MOUNT = "/models"
