@@ -68,14 +68,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 def build_config(args: argparse.Namespace) -> ServerConfig:
     if args.model_tag and args.model and args.model_tag != args.model:
         raise ValueError(f"the model is given twice: {args.model_tag!r} and --model {args.model!r}")
-    if args.chat_template is not None:
-        load_chat_template(args.chat_template)      # a missing file is found now, not after the model loads
+    # The template's text from here on: a missing file is found now, not after the model loads,
+    # and the engine does not read the file again.
+    chat_template = load_chat_template(args.chat_template) if args.chat_template is not None else None
     read_generation_config(args.generation_config)
     engine = EngineConfig(
         model=with_revision(args.model_tag or args.model, args.revision), device=args.device, dtype=args.dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=args.enable_prefix_caching,
-        tokenizer=args.tokenizer, chat_template=args.chat_template,
+        tokenizer=args.tokenizer, chat_template=chat_template,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, seed=args.seed, hash_seed=args.hash_seed, quantization=args.quantization,
         decode_capture=args.decode_capture, decode_capture_sizes=args.decode_capture_sizes,
