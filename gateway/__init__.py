@@ -13,6 +13,7 @@
     endpoints.py       EndpointSet: the engines, their state and load
     discovery.py       engines from a static list or a Service's EndpointSlices
     engine_watch.py    follows each engine: cache feed, /metrics, /ready, tokenizer
+    adapter_status.py  writes status.adapters of the LLMService (which LoRA adapters the engines serve)
     engine_metrics.py  the three numbers read from an engine's /metrics
     errors.py          GatewayError (the shape: pagedkube/openai_errors.py)
     metrics.py         pagedkube_gateway_* metrics

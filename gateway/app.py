@@ -53,6 +53,7 @@ from pagedkube.http_limits import BodyLimits
 from pagedkube.tracing import build_tracing
 
 if TYPE_CHECKING:
+    from pagedkube.gateway.adapter_status import AdapterStatusReporter
     from pagedkube.gateway.autoscaler.autoscaler import Autoscaler
     from pagedkube.gateway.autoscaler.target import ScaleTarget
 
@@ -96,6 +97,7 @@ class Gateway:
                               config.autoscale.max_held if config.autoscale else DEFAULT_MAX_HELD)
         self.scale_target = scale_target
         self.autoscaler: Autoscaler | None = None
+        self.adapter_status: AdapterStatusReporter | None = None
         self.tokenize_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
@@ -132,6 +134,13 @@ class Gateway:
         elif self.config.kube_service:
             self.kube = KubeDiscovery(self.endpoints, self.config.kube_service, self.config.namespace)
             self.kube.start()
+        if self.config.kube_service and self.config.llmservice:
+            from pagedkube.gateway.adapter_status import AdapterStatusReporter
+            from pagedkube.gateway.autoscaler.kube import default_api
+
+            self.adapter_status = AdapterStatusReporter(default_api(), self.config.namespace, self.config.llmservice,
+                                                        self.watcher.served_adapters)
+            self.adapter_status.start()
         if self.config.autoscale is not None:
             from pagedkube.gateway.autoscaler.wiring import build_autoscaler
 
@@ -142,6 +151,8 @@ class Gateway:
     async def stop(self) -> None:
         if self.autoscaler is not None:
             await self.autoscaler.stop()
+        if self.adapter_status is not None:
+            await self.adapter_status.stop()
         if self.kube is not None:
             self.kube.stop()
         if self.watcher is not None:

@@ -114,7 +114,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         eject_after_failures=args.eject_after_failures, eject_seconds=args.eject_seconds,
         feed_interval=args.feed_interval, feed_wait=args.feed_wait, scrape_interval=args.scrape_interval,
         ring_key_blocks=args.ring_key_blocks, hold_timeout=hold_timeout_from_args(args),
-        autoscale=autoscaler_config_from_args(args), observability=observability_from_args(args),
+        autoscale=autoscaler_config_from_args(args), llmservice=args.llmservice,
+        observability=observability_from_args(args),
         **({"tokenize_workers": args.tokenize_workers} if args.tokenize_workers is not None else {}))
 
 

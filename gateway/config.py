@@ -61,6 +61,7 @@ class GatewayConfig:
     hold_timeout: float = 0.0             # wait this long for a ready engine before a 503
     route_headers: bool = False           # x-pagedkube-endpoint / -route on responses (internal addresses)
     autoscale: AutoscalerConfig | None = None   # --autoscale (docs/autoscaling.md)
+    llmservice: str | None = None         # with kube_service: the LLMService fronted (scale, status.adapters)
     supervised: bool = False              # pagedkube up: its supervisor fills the EndpointSet
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)   # access log, tracing
 
@@ -71,6 +72,8 @@ class GatewayConfig:
             if not self.kube_service or not self.autoscale.llmservice:
                 raise ValueError("--autoscale needs --kube-service NAME and --llmservice NAME "
                                  "(locally, `pagedkube up --autoscale` scales engine processes)")
+        if self.llmservice and not self.kube_service:
+            raise ValueError("--llmservice needs --kube-service NAME (the engines of that LLMService)")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"--routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}")
         if not self.load_bound >= 1.0:

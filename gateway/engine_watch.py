@@ -104,6 +104,12 @@ class EngineWatcher:
         return {m["id"] for url, models in self.models.items() if url in ready for m in models
                 if isinstance(m.get("id"), str) and isinstance(m.get("parent"), str)}
 
+    def served_adapters(self) -> dict[str, set[str]]:
+        """Each ready engine's LoRA adapters (its /v1/models cards with a `parent`), by URL."""
+        ready = self.endpoints.routable()
+        return {url: {m["id"] for m in self.models.get(url, ()) if isinstance(m.get("id"), str)
+                      and isinstance(m.get("parent"), str)} for url in ready}
+
     def serving(self, model: str, urls: list[str]) -> list[str]:
         """Those of `urls` whose /v1/models lists `model` (an adapter lives on some engines only)."""
         return [url for url in urls if any(m.get("id") == model for m in self.models.get(url, ()))]

@@ -241,6 +241,11 @@ CONDITION = _obj({
     "lastTransitionTime": _str(format="date-time"), "observedGeneration": {"type": "integer", "format": "int64"},
 }, required=["type", "status"])
 
+ADAPTER_STATUS = _obj({
+    "name": _str(), "ready": {"type": "boolean"},
+    "engines": _int(description="Ready engines that serve the adapter."), "message": _str(),
+}, "Written by the gateway, which reads every engine's /v1/models.", required=["name", "ready"])
+
 STATUS = _obj({
     "replicas": _int(), "readyReplicas": _int(),
     "selector": _str("Label selector of the engine pods (scale subresource)."),
@@ -248,6 +253,8 @@ STATUS = _obj({
     "observedGeneration": {"type": "integer", "format": "int64"},
     "conditions": {"type": "array", "items": CONDITION,
                    "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    "adapters": {"type": "array", "items": ADAPTER_STATUS,
+                 "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
 }, **{"x-kubernetes-preserve-unknown-fields": True})  # kopf keeps its handler progress here
 
 ROOT = _obj({

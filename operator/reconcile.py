@@ -229,7 +229,8 @@ class Reconciler:
                     namespace_patterns and not any(fnmatch.fnmatchcase(namespace, p) for p in namespace_patterns)):
                 continue
             status = self.reconcile(body, restoring=True)
-            if status != (body.get("status") or {}):
+            old = body.get("status") or {}
+            if any(old.get(k) != v for k, v in status.items()):   # keys others write (status.adapters) aside
                 self.kube.patch_status(namespace, body["metadata"]["name"], status)
             count += 1
         return count

@@ -12,7 +12,8 @@ def add_autoscale_args(p: argparse.ArgumentParser, *, kube: bool = True) -> None
                    help="scale the engines on their mean queue depth (docs/autoscaling.md)")
     if kube:
         g.add_argument("--llmservice", metavar="NAME",
-                       help="with --kube-service: the LLMService whose scale subresource to write")
+                       help="with --kube-service: the LLMService this gateway fronts; it writes its scale "
+                            "subresource (with --autoscale) and its status.adapters (docs/operator.md)")
     g.add_argument("--min-replicas", type=int, default=policy.DEFAULT_MIN_REPLICAS,
                    help=f"fewest engines; 0 allows scale to zero (default {policy.DEFAULT_MIN_REPLICAS})")
     g.add_argument("--max-replicas", type=int, default=policy.DEFAULT_MAX_REPLICAS,

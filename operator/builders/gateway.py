@@ -26,6 +26,7 @@ API_KEYS_KEY = API_KEYS_FILE_KEY
 def gateway_args(svc: LLMServiceSpec) -> list[str]:
     g, a = svc.gateway, svc.autoscaling
     args = ["gateway", "--kube-service", naming.engine_name(svc.name), "--namespace", svc.namespace,
+            "--llmservice", svc.name,
             "--host", "0.0.0.0", "--port", str(naming.GATEWAY_PORT),
             "--routing", g.routing_policy, "--load-bound", f"{g.load_bound:g}"]
     if pending_ttl_for(g.replicas) == 0:
@@ -35,7 +36,7 @@ def gateway_args(svc: LLMServiceSpec) -> list[str]:
     if g.route_headers:
         args += ["--route-headers"]
     if a.enabled:
-        args += ["--autoscale", "--llmservice", svc.name,
+        args += ["--autoscale",
                  "--min-replicas", str(a.min_replicas), "--max-replicas", str(a.max_replicas),
                  "--target-queue-depth", f"{a.target_queue_depth:g}",
                  "--engine-capacity", str(svc.engine.max_num_seqs),

@@ -2,7 +2,8 @@
 
 The Role holds exactly what the gateway does (docs/interfaces.md, "Gateway
 RBAC"): watch the engine EndpointSlices, read and patch this LLMService's
-scale subresource (autoscaler), and read and renew its own Lease (one active
+scale subresource (autoscaler), read this LLMService and patch its status
+(status.adapters, gateway/adapter_status.py), and read and renew its own Lease (one active
 autoscaler), which the operator creates empty so that no `create` (which
 resourceNames cannot limit) is granted. Names are pinned by resourceNames
 wherever Kubernetes allows it; EndpointSlices have generated names. The
@@ -21,13 +22,16 @@ from pagedkube.operator.spec import LLMServiceSpec
 GATEWAY_RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
     (naming.GROUP, f"{naming.PLURAL}/scale", ("get", "patch")),
+    (naming.GROUP, naming.PLURAL, ("get",)),
+    (naming.GROUP, f"{naming.PLURAL}/status", ("patch",)),
     ("coordination.k8s.io", "leases", ("get", "update")),
 )
 
 
 def _names(svc: LLMServiceSpec, resource: str) -> list[str] | None:
     """The only objects of `resource` the gateway of `svc` may touch; None: any in the namespace."""
-    return {f"{naming.PLURAL}/scale": [svc.name], "leases": [lease_name(svc.name)]}.get(resource)
+    return {f"{naming.PLURAL}/scale": [svc.name], naming.PLURAL: [svc.name], f"{naming.PLURAL}/status": [svc.name],
+            "leases": [lease_name(svc.name)]}.get(resource)
 
 
 def build_gateway_lease(svc: LLMServiceSpec) -> dict[str, Any]:

@@ -159,10 +159,11 @@ def test_gateway_points_at_the_engine_service_with_autoscaling_and_api_keys() ->
     assert pod["serviceAccountName"] == "demo-gateway"
     assert c["image"] == f"ghcr.io/pagedkube/gateway:{__version__}"
     assert c["args"] == ["gateway", "--kube-service", "demo-engine", "--namespace", "team-a",
+                         "--llmservice", "demo",   # its scale subresource and status.adapters
                          "--host", "0.0.0.0", "--port", "8080", "--routing", "least-load", "--load-bound", "1.5",
                          "--pending-ttl", "0",   # two gateway replicas: no pending record (pending.py)
                          "--api-keys", "/etc/pagedkube/api-keys/api-keys.yaml",
-                         "--autoscale", "--llmservice", "demo", "--min-replicas", "1", "--max-replicas", "8",
+                         "--autoscale", "--min-replicas", "1", "--max-replicas", "8",
                          "--target-queue-depth", "2.5", "--engine-capacity", "256", "--scale-up-window", "0",
                          "--scale-down-window", "300"]
     assert {"name": "api-keys", "secret": {"secretName": "keys", "items": [
@@ -221,6 +222,10 @@ def test_gateway_role_holds_exactly_what_the_gateway_does() -> None:
     assert objs["Role/demo-gateway"]["rules"] == [
         {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["pagedkube.io"], "resources": ["llmservices/scale"], "verbs": ["get", "patch"],
+         "resourceNames": ["demo"]},
+        {"apiGroups": ["pagedkube.io"], "resources": ["llmservices"], "verbs": ["get"],   # spec.adapters
+         "resourceNames": ["demo"]},
+        {"apiGroups": ["pagedkube.io"], "resources": ["llmservices/status"], "verbs": ["patch"],   # status.adapters
          "resourceNames": ["demo"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
          "resourceNames": ["demo-autoscaler"]},   # the operator creates it: no create to grant

@@ -107,7 +107,8 @@ def test_the_gateway_role_pins_what_it_can_by_name() -> None:
     for role in gateway_roles():
         named = {(t[1], tuple(rule["resourceNames"])) for rule in role["rules"] if rule.get("resourceNames")
                  for t in triples(rule)}
-        assert named == {("llmservices/scale", ("x",)), ("leases", ("x-autoscaler",))}
+        assert named == {("llmservices/scale", ("x",)), ("llmservices", ("x",)), ("llmservices/status", ("x",)),
+                         ("leases", ("x-autoscaler",))}
         assert not [t for rule in role["rules"] for t in triples(rule) if t[2] == "create"]
 
 
