@@ -17,7 +17,13 @@ held with no engine ready), read the fleet, decide, and tell the ScaleTarget.
 
 So a scale-in loses nothing: an engine leaves only once it is idle (or the longest allowed
 request has had its time), and in Kubernetes the ReplicaSet deletes the drained pod because
-its /ready fails (a not-ready pod goes first), which needs no pod patch. The old signal
+its /ready fails (a not-ready pod goes first), which needs no pod patch. For that, a target
+that removes not-ready pods first (`removes_not_ready_first`) is scaled in only once the
+drained engine is seen not ready (its readiness probe has failed: up to 15 s); scaled in
+before, both pods ready, the ReplicaSet could delete the other one, and the drained engine
+would stay, refusing work, as the only one. Should the wrong engine still go (a grace that
+ran out first, a pod deleted by hand), a victim still there and not terminating
+`REMOVAL_WAIT_S` after its scale-in is put back into service. The old signal
 (`waiting`) keeps its old scale-in for comparison: the least-worth engines go at once, and
 their own drain (SIGTERM, --drain-timeout) aborts what is left.
 
@@ -38,10 +44,14 @@ from pagedkube.gateway.autoscaler.policy import (
     AutoscalerConfig, Stabilizer, bounded, desired_for_in_flight, desired_replicas, in_flight_queue_depth,
     scale_in_grace)
 from pagedkube.gateway.autoscaler.target import ScaleTarget
-from pagedkube.gateway.endpoints import EndpointSet
+from pagedkube.gateway.endpoints import READY, TERMINATING, EndpointSet
 from pagedkube.gateway.hold import HoldQueue
 
 log = logging.getLogger("pagedkube.autoscaler")
+
+# How long a scaled-in victim may stay discovered (not terminating) before it is put back in
+# service: the API server, the ReplicaSet and the EndpointSlice take seconds between them.
+REMOVAL_WAIT_S = 60.0
 
 
 class Drainer(Protocol):
@@ -82,6 +92,7 @@ class Autoscaler:
         self.stabilizer = Stabilizer(config.scale_up_window, config.scale_down_window)
         self.worth = CacheWorth(max(config.scale_down_window, 10 * config.interval))
         self.drains: dict[str, Drain] = {}
+        self.removed: dict[str, float] = {}   # victims scaled in: URL -> when
         self.last: Decision | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -174,6 +185,7 @@ class Autoscaler:
         elif desired < serving and not self.drains:
             await self._begin_drains(ready, serving - desired, decision)
         await self._end_drains(now, decision)
+        await self._check_removed(now)
         self.metrics.draining_replicas.set(len(self.drains))
         return decision
 
@@ -214,6 +226,8 @@ class Autoscaler:
             left = await self.drainer.drain(url) if self.drainer is not None and drain.deadline > now else None
             if left is None:
                 left = self.endpoints.loads([url]).get(url, 0)
+            if left == 0 and now < drain.deadline and self._still_ready(url):
+                continue   # idle, but its pod is still ready: the ReplicaSet might take the other one
             if left == 0 or now >= drain.deadline:
                 if left:
                     log.warning("%s still has %d request(s) after the %.0f s grace: removing it", url, left,
@@ -224,6 +238,26 @@ class Autoscaler:
             await self._scale(current - len(done), done, "down", d)
             for url in done:
                 del self.drains[url]
+                self.removed[url] = now
+
+    def _still_ready(self, url: str) -> bool:
+        """The drained engine's pod still counts as ready where the target removes not-ready pods first."""
+        endpoint = self.endpoints.get(url)
+        return self.target.removes_not_ready_first and endpoint is not None and endpoint.discovered == READY
+
+    async def _check_removed(self, now: float) -> None:
+        """A victim that outlived its scale-in (another engine went instead) serves again."""
+        for url, when in list(self.removed.items()):
+            endpoint = self.endpoints.get(url)
+            if endpoint is None or endpoint.discovered == TERMINATING:
+                del self.removed[url]   # gone, or going: as planned
+            elif now - when >= REMOVAL_WAIT_S:
+                del self.removed[url]
+                log.warning("%s is still here %.0f s after its scale-in (another engine went): serving again",
+                            url, now - when)
+                self.endpoints.set_draining(url, False)
+                if self.drainer is not None:
+                    await self.drainer.undrain(url)
 
     async def _call_off(self, count: int) -> int:
         """Ends up to `count` drains, the busiest first (their caches are the warmest); how many."""

@@ -63,6 +63,7 @@ def default_api() -> KubeApi:
 
 
 class KubeScaleTarget:
+    removes_not_ready_first = True   # the ReplicaSet picks the pods; the victims' failing /ready steers it
     def __init__(self, api: KubeApi, namespace: str, llmservice: str, engine_service: str,
                  lease: LeaseElector | None):
         self.api = api

@@ -10,6 +10,10 @@ from typing import Mapping, Protocol, Sequence
 
 
 class ScaleTarget(Protocol):
+    # True where a scale-in removes not-ready replicas first rather than the victims named (a
+    # ReplicaSet): the autoscaler then waits for a drained engine to be seen not ready.
+    removes_not_ready_first: bool
+
     async def is_leader(self) -> bool:
         """True when this gateway replica may act (always, locally)."""
         ...

@@ -107,6 +107,7 @@ class LocalEngines:
         self._next_index = 0
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(policy.health_timeout_s))
 
+    removes_not_ready_first = False   # scale() stops the victims it is given
     # -- ScaleTarget ------------------------------------------------------------------
     async def is_leader(self) -> bool:
         return True

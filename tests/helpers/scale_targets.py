@@ -6,6 +6,8 @@ from __future__ import annotations
 class RecordingTarget:
     """A ScaleTarget that only records what it is asked: (replicas, victims) per scale call."""
 
+    removes_not_ready_first = False
+
     def __init__(self, replicas: int):
         self.replicas = replicas
         self.calls: list[tuple[int, list[str]]] = []

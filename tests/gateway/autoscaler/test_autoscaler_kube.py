@@ -19,7 +19,7 @@ from pagedkube.gateway.autoscaler.kube import KubeApi, KubeScaleTarget
 from pagedkube.gateway.autoscaler.lease import LeaseElector
 from pagedkube.gateway.autoscaler.metrics import AutoscalerMetrics
 from pagedkube.gateway.autoscaler.policy import AutoscalerConfig
-from pagedkube.gateway.endpoints import READY, EndpointSet
+from pagedkube.gateway.endpoints import NOT_READY, READY, TERMINATING, EndpointSet
 from pagedkube.gateway.hold import HoldQueue
 from kmock._internal import enums
 from prometheus_client import CollectorRegistry
@@ -104,15 +104,59 @@ async def test_scale_in_drains_the_least_busy_engines_and_patches_only_the_scale
     decision = await auto.tick()                # down at once (window 0): drain 10.0.0.2 (idle) and 10.0.0.3
     assert (decision.current, decision.serving, decision.desired) == (3, 3, 1)
     assert endpoints.routable() == [URLS[0]] and endpoints.draining() == URLS[1:]
-    # 10.0.0.2 was idle: gone at once; 10.0.0.3 still runs a request: it stays.
+    # 10.0.0.2 is idle, but its pod is still ready: scaled in now, the ReplicaSet could delete a
+    # ready engine instead of it. So the scale waits for its failing /ready to reach the slice.
+    assert [w for w in writes(cluster) if w[1] == SCALE_PATH] == []
+    endpoints.update({**dict.fromkeys(URLS, READY), URLS[1]: NOT_READY})
+    await auto.tick()
     assert [w for w in writes(cluster) if w[1] == SCALE_PATH] == [("PATCH", SCALE_PATH, merge, {"spec": {"replicas": 2}})]
-    assert list(auto.drains) == [URLS[2]]
+    assert list(auto.drains) == [URLS[2]]       # 10.0.0.3 still runs a request: it stays
     endpoints.set_scraped(URLS[2], running=0, waiting=0, own=0)   # its request finished
+    endpoints.update({URLS[0]: READY, URLS[1]: TERMINATING, URLS[2]: NOT_READY})
     await auto.tick()
     assert [w[3] for w in writes(cluster) if w[1] == SCALE_PATH] == [{"spec": {"replicas": 2}}, {"spec": {"replicas": 1}}]
     assert not [w for w in writes(cluster) if "/pods/" in w[1]]   # no pods: patch anywhere
     assert cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME]["spec"]["replicas"] == 1
     assert auto.metrics.scale_events.labels("down")._value.get() == 2 and auto.drains == {}
+
+
+async def test_a_victim_that_outlives_its_scale_in_serves_again(cluster):
+    """The ReplicaSet deleted another pod (the victim's grace ran out while it still looked
+    ready, or someone deleted a pod by hand): the drained engine must not stay out of service."""
+    endpoints = EndpointSet()
+    endpoints.update(dict.fromkeys(URLS[:2], READY))
+    clock = [100.0]
+    undrained: list[str] = []
+
+    class Drainer:
+        async def drain(self, url):
+            return 0
+
+        async def undrain(self, url):
+            undrained.append(url)
+    api = api_for(cluster)
+    target = KubeScaleTarget(api, NS, NAME, "chat-engine", LeaseElector(api, NS, f"{NAME}-autoscaler", "gw-0", 15,
+                                                                       now=lambda: T0))
+    cfg = AutoscalerConfig(min_replicas=1, max_replicas=4, target_queue_depth=4, scale_down_window=0,
+                           llmservice=NAME, scale_in_grace=0)
+    cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME] = {
+        "apiVersion": "pagedkube.io/v1alpha1", "kind": "LLMService",
+        "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 2}}
+    auto = Autoscaler(cfg, endpoints, HoldQueue(endpoints, 0, 0), target, AutoscalerMetrics(CollectorRegistry()),
+                      clock=lambda: clock[0], drainer=Drainer())
+    await auto.tick()                  # idle fleet: one engine drained; no grace: it goes at once
+    (victim,) = endpoints.draining()
+    (other,) = set(URLS[:2]) - {victim}
+    assert cluster.objects["pagedkube.io/v1alpha1/llmservices", NS, NAME]["spec"]["replicas"] == 1
+    endpoints.update({victim: READY})  # the ReplicaSet deleted the other pod
+    assert endpoints.routable() == []
+    clock[0] += 30
+    await auto.tick()
+    assert endpoints.routable() == [] and undrained == []   # not yet: deletions take seconds
+    clock[0] += 31
+    await auto.tick()
+    assert endpoints.routable() == [victim] and undrained == [victim]
+    assert other not in endpoints.urls()
 
 
 async def test_scale_up_patches_replicas_without_touching_pods(cluster):
