@@ -32,6 +32,7 @@ from pagedkube.gateway.counting import CountResponses, outcome_of
 from pagedkube.gateway.discovery import KubeDiscovery, normalize_url
 from pagedkube.gateway.endpoints import NOT_READY, EndpointSet
 from pagedkube.gateway.engine_watch import EngineWatcher
+from pagedkube.openai_errors import MODEL_NOT_FOUND
 from pagedkube.gateway.errors import (GatewayError, error_body, internal_error, no_endpoint, rate_limited,
                                       route_error, unauthorized)
 from pagedkube.gateway.fast_path import PROXIED, FastPath
@@ -188,7 +189,14 @@ class Gateway:
             _, tenant_salt = self.authenticate(request)
             raw = await request.body()   # size and read deadline: BodyLimits, in front of the app
             known = self.watcher.known_models()
-            parsed = parse_request(path, raw, known)
+            try:
+                parsed = parse_request(path, raw, known)
+            except GatewayError as e:
+                if e.code != MODEL_NOT_FOUND:
+                    raise
+                await self.watcher.refresh_models()   # an adapter loaded since the last read?
+                known = self.watcher.known_models()
+                parsed = parse_request(path, raw, known)
             if parsed.model and known and parsed.model in known:
                 outcome.model = parsed.model
             salt = tenant_salt if tenant_salt is not None else parsed.body.get("cache_salt")

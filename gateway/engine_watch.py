@@ -36,6 +36,7 @@ from pagedkube.tokenizer import Tokenizer
 log = logging.getLogger("pagedkube.gateway")
 
 _MODELS_EVERY = 10          # scrape ticks between /v1/models refreshes
+_MODELS_MIN_GAP_S = 0.1     # least time between two reads asked for by requests for unknown models
 _TOKENIZER_RETRY_S = 10.0
 _MAX_BACKOFF_S = 2.0
 
@@ -59,6 +60,8 @@ class EngineWatcher:
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._tokenizer_lock = asyncio.Lock()
         self._tokenizer_next_try = 0.0
+        self._models_refresh: asyncio.Task | None = None
+        self._models_refreshed_at = float("-inf")
 
     # -- lifecycle ----------------------------------------------------------------
     def start(self) -> None:
@@ -97,6 +100,38 @@ class EngineWatcher:
         names = {name for url, models in self.models.items() if url in ready for m in models
                  if isinstance(name := m.get("id"), str)}
         return names or None
+
+    async def refresh_models(self) -> None:
+        """Reads every ready engine's /v1/models, as of now: a request named a model the last reads
+        lack (an adapter loaded since, which the gateway's own /v1/models, read live, already
+        lists). Returns once a read that started after the call has finished. Callers share reads,
+        and a read starts no sooner than _MODELS_MIN_GAP_S after the last (the caller waits), so
+        requests for made-up names cost at most 1 / _MODELS_MIN_GAP_S reads a second."""
+        asked = time.monotonic()
+        while True:
+            task = self._models_refresh
+            if task is not None and self._models_refreshed_at >= asked:
+                await asyncio.shield(task)          # started after we asked: as of now
+                return
+            if task is not None and not task.done():
+                await asyncio.shield(task)          # older than our question: wait, then read again
+                continue
+            wait = self._models_refreshed_at + _MODELS_MIN_GAP_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            self._models_refreshed_at = time.monotonic()
+            self._models_refresh = asyncio.create_task(self._read_models(self.endpoints.routable()))
+
+    async def _read_models(self, urls: list[str]) -> None:
+        async def one(url: str) -> None:
+            try:
+                r = await self.client.get(f"{url}/v1/models")
+                if r.status_code == 200 and url in self._tasks:   # still followed
+                    self.models[url] = list(r.json().get("data", []))
+            except (httpx.HTTPError, ValueError, AttributeError) as e:
+                log.debug("models of %s: %s", url, e)
+        await asyncio.gather(*(one(u) for u in urls))
 
     def adapter_names(self) -> set[str]:
         """The LoRA adapters the ready engines serve: /v1/models cards with a `parent` (the base)."""
