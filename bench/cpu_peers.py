@@ -1,4 +1,4 @@
-"""pagedkube against the CPU peers on the same GGUF file: llama.cpp and Hugging Face.
+"""pagedkube against the CPU peers on the same GGUF file: llama.cpp's llama-server and Hugging Face.
 
 One workload, pet-care chat sessions (bench/workloads.py: a shared system prompt, a per-dog
 profile, 3-5 user turns, each turn sent with the real replies so far), driven through the
@@ -12,25 +12,33 @@ OpenAI API by C concurrent clients (each runs its sessions turn by turn, streami
                   gguf-captured  gguf with --decode-capture on (decode steps of 1-8 sequences compiled
                          at start, engine/decode_capture.py)
                 the quantized modes run with dtype auto (bf16 activations on a CPU with bf16)
-    llama.cpp   `python -m llama_cpp.server --model FILE` (llama-cpp-python, Q4_1 kernels);
-                its server runs one request at a time, so C clients queue
+    llama-server  llama.cpp's own server (bench/llama_server.py builds it once from the sources
+                llama-cpp-python 0.3.36 vendors), `-np` = the most clients, continuous batching:
+                the serving peer
+    llamacpp-python  `python -m llama_cpp.server` (the binding's server), one request at a time,
+                so C clients queue: not a serving peer; off unless --skip leaves it in
     HF floor    transformers generate on the same file (fp32), one request at a time, in
                 process (1 client only: a server around it could not do better at C > 1)
 
-At C = 1, 8 and 32: output tokens/s, TTFT p50/p99 and ITL p50, and pagedkube's ratio to each
-peer; beside them the batch-1 roofline of each engine (bench/roofline.py: measured copy
+At C = 1, 8, 32 and 64: output tokens/s, TTFT p50/p99 and ITL p50/p99, and pagedkube's ratio to
+each peer; per server its launch-to-ready seconds and peak RSS (the process tree, sampled every
+0.2 s); its greedy agreement with the float32 reference (pagedkube fp32): 16 chats x 48 tokens,
+the common prefix of the token ids over the reference's length, as tests/engine/test_quant_quality.py
+scores it, and how many chats are identical; beside them the batch-1 roofline of each engine (bench/roofline.py: measured copy
 bandwidth / weight bytes read per token); also output tokens per CPU-second of the server's processes (psutil: the server and its
 children), the ratio that survives a shared machine, where wall time mostly measures the
 neighbours. Then a torch.profiler profile of pagedkube's engine step with 32 decoding sequences:
 where the step time goes. Greedy, max_tokens 32; EOS may end a reply early (both servers
 stop on it), so throughput counts the tokens each produced.
 
-llama-cpp-python builds from source (~17 min on 2 cores), so it lives in a cached venv outside
-the repository and never in CI:
+llama-server builds from source (15-36 min on 2 cores) into a cached folder, never in CI:
 
-    python3 -m venv ~/.cache/pagedkube/bench-venv
-    ~/.cache/pagedkube/bench-venv/bin/pip install 'llama-cpp-python[server]==0.3.36'
-    .venv/bin/python bench/cpu_peers.py [--clients 1,8,32] [--json out.json]
+    .venv/bin/python bench/llama_server.py build
+    .venv/bin/python bench/cpu_peers.py [--clients 1,8,32,64] [--json out.json]
+
+(the binding's server, for the record: `python3 -m venv ~/.cache/pagedkube/bench-venv &&
+~/.cache/pagedkube/bench-venv/bin/pip install 'llama-cpp-python[server]==0.3.36'`, then
+`--skip ''`.)
 """
 from __future__ import annotations
 
@@ -41,16 +49,18 @@ import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import threading
+
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import Session, petcare_chat  # noqa: E402
+import llama_server
+from workloads import Session, petcare_chat
 
 LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
 MODES = {"fp32": ["--quantization", "none", "--dtype", "float32"], "gguf": ["--quantization", "auto"],
@@ -60,6 +70,7 @@ MODE_KWARGS = {"fp32": dict(quantization="none", dtype="float32"), "gguf": dict(
                "gguf-captured": dict(quantization="auto"),
                "int8": dict(quantization="int8"), "int4": dict(quantization="int4")}
 MAX_TOKENS = 32
+AGREEMENT_CHATS, AGREEMENT_TOKENS = 16, 48
 # Threads per engine (--threads): 1 by default, as the other CPU benches here: on a shared
 # 2-core machine a second thread mostly spins; both engines always get the same number.
 THREADS = 1
@@ -126,7 +137,8 @@ async def warm_up(url: str, model: str) -> None:
 def summary(rec: dict, wall: float, num_sessions: int) -> dict:
     return {"sessions": num_sessions, "output_tokens": rec["tokens"], "wall_s": round(wall, 1),
             "tok_s": rec["tokens"] / wall, "ttft_p50_ms": 1e3 * pct(rec["ttft"], 0.5),
-            "ttft_p99_ms": 1e3 * pct(rec["ttft"], 0.99), "itl_p50_ms": 1e3 * pct(rec["itl"], 0.5)}
+            "ttft_p99_ms": 1e3 * pct(rec["ttft"], 0.99), "itl_p50_ms": 1e3 * pct(rec["itl"], 0.5),
+            "itl_p99_ms": 1e3 * pct(rec["itl"], 0.99)}
 
 
 def free_port() -> int:
@@ -135,8 +147,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, ready_path: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+def start(cmd: list[str], port: int, ready_path: str, log: Path, env: dict | None = None
+          ) -> tuple[subprocess.Popen, float]:
+    """The server process and its launch-to-ready seconds (the first 200 on `ready_path`)."""
+    env = {**(env or os.environ), "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)}
+    launched = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
@@ -144,12 +159,41 @@ def start(cmd: list[str], port: int, ready_path: str, log: Path) -> subprocess.P
             raise RuntimeError(f"{cmd[:4]} exited with {proc.returncode}; see {log}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=2).status_code == 200:
-                return proc
+                return proc, time.perf_counter() - launched
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.1)
     stop(proc)
     raise RuntimeError(f"{cmd[:4]} not ready; see {log}")
+
+
+class PeakRss:
+    """The largest resident set of a process and its children, sampled every 0.2 s in a thread."""
+
+    def __init__(self, pid: int):
+        import psutil
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+        while not self._stop.wait(0.2):
+            total = 0
+            try:
+                for p in [self.root, *self.root.children(recursive=True)]:
+                    total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> float:
+        """Peak MiB."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -175,20 +219,51 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path) -> dict:
-    proc = start(cmd, port, ready, logdir / f"{name}.log")
+def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path,
+               env: dict | None = None) -> dict:
+    proc, ready_s = start(cmd, port, ready, logdir / f"{name}.log", env)
+    rss = PeakRss(proc.pid)
     try:
-        asyncio.run(warm_up(f"http://127.0.0.1:{port}", model))
-        out = {}
+        url = f"http://127.0.0.1:{port}"
+        asyncio.run(warm_up(url, model))
+        out: dict = {"ready_s": ready_s}
         for c in levels:
             cpu = cpu_seconds(proc.pid)
-            out[c] = asyncio.run(drive(f"http://127.0.0.1:{port}", model, c))
+            out[c] = asyncio.run(drive(url, model, c))
             out[c]["server_cpu_s"] = cpu_seconds(proc.pid) - cpu
             out[c]["tok_per_cpu_s"] = out[c]["output_tokens"] / out[c]["server_cpu_s"]
             print(name, c, json.dumps(out[c]), flush=True)
+        out["replies"] = asyncio.run(greedy_replies(url, model))
         return out
     finally:
+        out_rss = rss.stop()
         stop(proc)
+        print(name, "ready_s", round(ready_s, 2), "peak_rss_mib", round(out_rss), flush=True)
+        if "out" in locals():
+            out["peak_rss_mib"] = out_rss
+
+
+async def greedy_replies(url: str, model: str) -> list[str]:
+    """The agreement chats' greedy replies (first turns of fresh sessions), one at a time."""
+    import openai
+    replies = []
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+        for s in sessions(AGREEMENT_CHATS, seed=1):
+            r = await client.chat.completions.create(model=model, messages=s.messages(0), temperature=0.0,
+                                                     max_tokens=AGREEMENT_TOKENS)
+            replies.append(r.choices[0].message.content or "")
+    return replies
+
+
+def agreement(reference: list[str], replies: list[str], encode) -> dict:
+    """Mean common-prefix fraction of the token ids (of the reference's length) and identical chats."""
+    fractions, identical = [], 0
+    for ref, got in zip(reference, replies):
+        a, b = encode(ref), encode(got)
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        fractions.append(k / max(1, len(a)))
+        identical += a == b
+    return {"agreement": sum(fractions) / max(1, len(fractions)), "identical": identical, "chats": len(fractions)}
 
 
 def run_hf(gguf: Path) -> dict:
@@ -238,7 +313,6 @@ def run_hf(gguf: Path) -> dict:
 
 def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
     """Where one decode step of num_seqs sequences spends its time (torch.profiler, CPU)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from pagedkube.engine import LLM, SamplingParams
@@ -279,8 +353,10 @@ def main() -> None:
     global THREADS   # one value for the servers' env, llama.cpp's --n_threads and the in-process runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="a GGUF file (default: smollm2-135m-instruct's)")
-    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: pagedkube,llamacpp,hf,profile,roofline")
+    parser.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
+    parser.add_argument("--skip", default="llamacpp-python",
+                        help="comma list of parts to skip: pagedkube,llama-server,llamacpp-python,hf,profile,roofline "
+                             "(default: llamacpp-python)")
     parser.add_argument("--modes", type=lambda s: s.split(","), default=["fp32", "gguf"],
                         help=f"pagedkube weight modes, comma list of {sorted(MODES)}")
     parser.add_argument("--quantized-dtype", default="auto",
@@ -309,27 +385,41 @@ def main() -> None:
                                       "--log-level", "warning", *MODES[mode],
                                       *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
                 port, "/ready", source.name, args.clients, args.logdir)
-    if "llamacpp" not in skip:
+    if "llama-server" not in skip:
         port = free_port()
-        results["llamacpp"] = run_server(
-            "llamacpp", [str(LLAMA_VENV / "bin" / "python"), "-P", "-m", "llama_cpp.server", "--model", str(gguf),
-                         "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
-                         "--model_alias", source.name, "--verbose", "False",
-                         "--interrupt_requests", "False"],   # its default cancels a stream when the next request arrives
+        argv, env = llama_server.command(gguf, port, THREADS, slots=max(args.clients))
+        results["llama-server"] = run_server("llama-server", [*argv, "--alias", source.name], port, "/health",
+                                             source.name, args.clients, args.logdir, env)
+    if "llamacpp-python" not in skip:
+        port = free_port()
+        results["llamacpp-python"] = run_server(
+            "llamacpp-python", [str(LLAMA_VENV / "bin" / "python"), "-P", "-m", "llama_cpp.server", "--model",
+                                str(gguf), "--port", str(port), "--n_ctx", "4096", "--n_threads", str(THREADS),
+                                "--model_alias", source.name, "--verbose", "False",
+                                "--interrupt_requests", "False"],   # its default cancels a stream when the next arrives
             port, "/v1/models", source.name, args.clients, args.logdir)
     if "hf" not in skip:
         results["hf"] = run_hf(gguf)
+    peers = [p for p in ("llama-server", "llamacpp-python", "hf") if p in results]
     for mode in args.modes:
         ours = results.get(f"pagedkube-{mode}")
         if ours is None:
             continue
-        for peer in ("llamacpp", "hf"):
-            if peer in results:
-                results[f"ratio_{mode}_vs_{peer}"] = {c: ours[c]["tok_s"] / results[peer][c]["tok_s"]
-                                                     for c in results[peer] if c in ours}
-        if "llamacpp" in results:
-            results[f"cpu_ratio_{mode}_vs_llamacpp"] = {c: ours[c]["tok_per_cpu_s"] / results["llamacpp"][c]["tok_per_cpu_s"]
-                                                       for c in results["llamacpp"] if c in ours}
+        for peer in peers:
+            levels = [c for c in results[peer] if isinstance(c, int) and c in ours]
+            results[f"ratio_{mode}_vs_{peer}"] = {c: ours[c]["tok_s"] / results[peer][c]["tok_s"] for c in levels}
+            results[f"cpu_ratio_{mode}_vs_{peer}"] = {
+                c: ours[c]["tok_per_cpu_s"] / results[peer][c]["tok_per_cpu_s"] for c in levels}
+    if "replies" in results.get("pagedkube-fp32", {}):
+        from pagedkube.engine.gguf.prepare import gguf_model_dir   # the file's tokenizer, as the engine converted it
+        from pagedkube.tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_pretrained(gguf_model_dir(gguf))
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        reference = results["pagedkube-fp32"]["replies"]
+        for name, run in results.items():
+            if isinstance(run, dict) and "replies" in run:
+                run["agreement"] = agreement(reference, run["replies"], encode)
+                print(name, "agreement", json.dumps(run["agreement"]), flush=True)
     if "profile" not in skip:
         results["profile_32"] = profile_step(gguf)
     print(json.dumps(results, indent=2))
