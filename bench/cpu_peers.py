@@ -85,6 +85,15 @@ def sessions(num: int, seed: int = 0) -> list[Session]:
     return out
 
 
+def api(url: str):
+    """An async openai client that opens a new connection per request: llama-server may close a
+    kept-alive connection right after a streamed answer, and both servers are driven alike."""
+    import httpx2
+    import openai
+    http = openai.DefaultAsyncHttpx2Client(limits=httpx2.Limits(max_keepalive_connections=0, max_connections=None))
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0, http_client=http)
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -109,13 +118,12 @@ async def _turn(client, model: str, messages: list[dict], rec: dict) -> str:
 
 
 async def drive(url: str, model: str, clients: int) -> dict:
-    import openai
     work = sessions(max(2, clients))
     rec = {"ttft": [], "itl": [], "tokens": 0}
     queue: asyncio.Queue = asyncio.Queue()
     for s in work:
         queue.put_nowait(s)
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+    async with api(url) as client:
         async def worker():
             while not queue.empty():
                 s = queue.get_nowait()
@@ -128,8 +136,7 @@ async def drive(url: str, model: str, clients: int) -> dict:
 
 
 async def warm_up(url: str, model: str) -> None:
-    import openai
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+    async with api(url) as client:
         await client.chat.completions.create(model=model, max_tokens=4,
                                              messages=[{"role": "user", "content": "Hello"}])
 
@@ -245,9 +252,8 @@ def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, lev
 
 async def greedy_replies(url: str, model: str) -> list[str]:
     """The agreement chats' greedy replies (first turns of fresh sessions), one at a time."""
-    import openai
     replies = []
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+    async with api(url) as client:
         for s in sessions(AGREEMENT_CHATS, seed=1):
             r = await client.chat.completions.create(model=model, messages=s.messages(0), temperature=0.0,
                                                      max_tokens=AGREEMENT_TOKENS)
