@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "engine's requests, and with its prompt tokens still to prefill); slower")
     p.add_argument("--adapters", type=int, default=0, help="LoRA adapters the sessions draw from (0: none)")
     p.add_argument("--adapter-zipf", type=float, default=1.0, help="Zipf exponent of the adapters' popularity")
+    p.add_argument("--adapter-affinity", type=_list(lambda v: {"on": True, "off": False}[v]), default=[True],
+                   help="on,off: prefix with and without the adapter tiers (off: adapters hash apart, nothing more)")
     p.add_argument("--max-loras", type=int, default=8, help="adapter slots per engine (with --adapters)")
     p.add_argument("--lora-load-ms", type=float, default=DEFAULT_LORA_LOAD_S * 1e3,
                    help="time one adapter load adds to its engine step")
@@ -111,12 +113,12 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key, ttl, min_blocks, max_load in itertools.product(
+        for c, floor, depth, key, ttl, min_blocks, max_load, tiers in itertools.product(
                 args.load_bound, args.load_floor, args.affinity_depth, args.ring_key_blocks, args.pending_ttl,
-                args.pending_min_blocks, args.pending_max_load):
+                args.pending_min_blocks, args.pending_max_load, args.adapter_affinity):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
                                     ring_key_blocks=key, pending_ttl=ttl, pending_min_blocks=min_blocks,
-                                    pending_max_load=max_load))
+                                    pending_max_load=max_load, adapter_affinity=tiers))
     return specs
 
 

@@ -46,6 +46,7 @@ class PolicySpec:
     pending_min_blocks: int = DEFAULT_PENDING_MIN_BLOCKS
     pending_max_load: int = DEFAULT_PENDING_MAX_LOAD
     cache_aware: CacheAwareConfig = CacheAwareConfig()
+    adapter_affinity: bool = True      # prefix: LoRA requests by adapter tiers first (routing/adapters.py)
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -60,7 +61,8 @@ class PolicySpec:
         pending = "" if self.pending_ttl is None else f" pending={self.pending_ttl:g}s"
         if (self.pending_min_blocks, self.pending_max_load) != (DEFAULT_PENDING_MIN_BLOCKS, DEFAULT_PENDING_MAX_LOAD):
             pending += f" pending-gate={self.pending_min_blocks}b,load<={self.pending_max_load}"
-        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}"
+        tiers = "" if self.adapter_affinity else " no-adapter-tiers"
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}{tiers}"
 
 
 class _MemoRing:
@@ -129,7 +131,7 @@ class SimGateway:
         else:   # prefix, and ideal (one engine: any picker answers it)
             bound = BoundedLoad(policy.load_bound, policy.load_floor)
             prefix = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
-            self.picker = AdapterAffinity(prefix, self.endpoints.adapter_slots)
+            self.picker = AdapterAffinity(prefix, self.endpoints.adapter_slots) if policy.adapter_affinity else prefix
 
     def loads(self) -> dict[str, int]:
         if isinstance(self.picker, CacheAwarePicker):
