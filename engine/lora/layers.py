@@ -33,6 +33,7 @@ class StepAdapters:
     grouped CPU path, the rows of each slot. Empty groups: no adapter in this step."""
     token_slots: torch.Tensor | None = None
     groups: list[SlotGroup] = field(default_factory=list)
+    rows: torch.Tensor | None = None       # the groups' rows concatenated (None: one group of every row)
     use_triton: bool = False
 
 
@@ -85,7 +86,7 @@ class LoRALinear(nn.Module):
                             self.max_rank)
         else:
             add_lora_grouped(y, x, self.lora_a, self.lora_b, self.offsets, self.max_rank, self.slot_slices,
-                             step.groups)
+                             step.groups, step.rows)
         return y
 
 

@@ -89,7 +89,7 @@ class LoRAManager:
     def prepare_step(self, requests: list[LoRARequest | None], q_lens: list[int]) -> None:
         """Slots for the step's sequences (one LoRARequest or None each, with its token count)."""
         step = self.step
-        step.groups = []
+        step.groups, step.rows = [], None
         if all(r is None for r in requests):
             return
         pinned = {r.lora_int_id for r in requests if r is not None}
@@ -101,8 +101,12 @@ class LoRAManager:
             groups.append(SlotGroup(slot, None if rows.numel() == token_slots.numel() else rows.to(self.device)))
         step.token_slots = token_slots.to(self.device)
         step.groups = groups
+        # the adapter rows in group order, gathered once per projection by the grouped CPU path
+        partial = [g.rows for g in groups if g.rows is not None]
+        step.rows = torch.cat(partial) if partial else None
 
     def end_step(self) -> None:
         self.step.groups = []
         self.step.token_slots = None
+        self.step.rows = None
 

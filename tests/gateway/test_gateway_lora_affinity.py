@@ -50,6 +50,7 @@ def test_repeats_land_where_the_adapter_is_resident(processes, engine_model_args
     processes.wait_ready(gw)
     c = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
     wait_until(lambda: set(names) <= {m.id for m in c.models.list().data})
+    assert {m.id for m in c.models.list().data} == set(names) | {"tiny"}
 
     def ask(client: openai.OpenAI, model: str) -> str:
         r = client.completions.with_raw_response.create(model=model, prompt=PROMPT, max_tokens=1, temperature=0)
@@ -96,4 +97,6 @@ def test_repeats_land_where_the_adapter_is_resident(processes, engine_model_args
             lru[url][name] = None
         assert ask(rc, name) == url
     round_robin = total_loads() - len(names)
+    print(f"loads: {len(names)} for all {len(names) + len(repeats)} requests through adapter affinity; "
+          f"round-robin {round_robin:g} for the {len(repeats)} repeats")
     assert round_robin == expected and round_robin > 2 * len(names)
