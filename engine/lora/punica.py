@@ -40,10 +40,35 @@ class SliceRank:
     scale: float
 
 
-def add_lora_grouped(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: list[torch.Tensor],
-                     offsets: list[int], max_rank: int, slot_slices: list[list[SliceRank]],
-                     groups: list[SlotGroup], rows: torch.Tensor | None = None) -> None:
-    """y += each group's delta, in place. slot_slices[s][i]: slot s's rank and scale on slice i.
+@dataclass(frozen=True)
+class SlotPlan:
+    """One slot's delta on one projection, as views into the stacked weights, made when the
+    slot is filled (slot_plan) so a step does no index arithmetic per group:
+    `a_t` [in, width] the shrink (every slice up to the last adapted one), `expands` one
+    (column lo, column hi, v lo, v hi, B^T view [rank, out_i], scale) per adapted slice."""
+    a_t: torch.Tensor
+    expands: tuple[tuple[int, int, int, int, torch.Tensor, float], ...]
+
+
+def slot_plan(lora_a: torch.Tensor, lora_b: list[torch.Tensor], offsets: list[int], max_rank: int,
+              slices: list[SliceRank], slot: int) -> SlotPlan | None:
+    """The plan of slot `slot` (None: it adapts no slice of this projection). The views stay
+    valid while the slot is rewritten in place (LoRALinear.set_slot copies into them)."""
+    last = max((i for i, sr in enumerate(slices) if sr.rank), default=-1)
+    if last < 0:
+        return None
+    expands = []
+    for i, sr in enumerate(slices):
+        if sr.rank:
+            b = lora_b[i][slot, :, :sr.rank]
+            lo = i * max_rank
+            expands.append((offsets[i], offsets[i] + b.shape[0], lo, lo + sr.rank, b.T, sr.scale))
+    return SlotPlan(lora_a[slot, :last * max_rank + slices[last].rank].T, tuple(expands))
+
+
+def add_lora_grouped(y: torch.Tensor, x: torch.Tensor, plans: list[SlotPlan | None], groups: list[SlotGroup],
+                     rows: torch.Tensor | None = None) -> None:
+    """y += each group's delta, in place (plans[s]: slot s's plan, slot_plan).
 
     One group over every row (one adapter, no base rows): its matmuls add into y's columns
     directly. Otherwise the adapter rows are gathered once in group order (`rows`: the
@@ -56,38 +81,31 @@ def add_lora_grouped(y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lor
     if not groups:
         return
     if len(groups) == 1 and groups[0].rows is None:
-        _add_group(y, x, lora_a, lora_b, offsets, max_rank, slot_slices[groups[0].slot], groups[0].slot)
+        _add_group(y, x, plans[groups[0].slot])
         return
     if rows is None:
         rows = torch.cat([g.rows for g in groups if g.rows is not None])
-    assert rows.numel() == sum(g.rows.numel() for g in groups if g.rows is not None) and \
-        all(g.rows is not None for g in groups), "a group over every row cannot share the step with another"
+    assert all(g.rows is not None for g in groups), "a group over every row cannot share the step with another"
     xs = x.index_select(0, rows)
     delta = y.new_zeros(rows.numel(), y.shape[1])
     lo = 0
     for group in groups:
         assert group.rows is not None
         hi = lo + group.rows.numel()
-        _add_group(delta[lo:hi], xs[lo:hi], lora_a, lora_b, offsets, max_rank, slot_slices[group.slot], group.slot)
+        _add_group(delta[lo:hi], xs[lo:hi], plans[group.slot])
         lo = hi
+    assert lo == rows.numel(), "rows must be the groups' rows, in group order"
     y.index_add_(0, rows, delta)
 
 
-def _add_group(out: torch.Tensor, xs: torch.Tensor, lora_a: torch.Tensor, lora_b: list[torch.Tensor],
-               offsets: list[int], max_rank: int, slices: list[SliceRank], slot: int) -> None:
-    """out += the delta of slot `slot` for rows xs: one shrink over every slice up to the last
-    adapted one, then per adapted slice one expand cut to its rank, scaled and added by the
-    same GEMM call (addmm_'s alpha)."""
-    last = max((i for i, sr in enumerate(slices) if sr.rank), default=-1)
-    if last < 0:
+def _add_group(out: torch.Tensor, xs: torch.Tensor, plan: SlotPlan | None) -> None:
+    """out += one slot's delta for rows xs: one shrink, then per adapted slice one expand cut
+    to its rank, scaled and added by the same GEMM call (addmm_'s alpha)."""
+    if plan is None:
         return
-    v = xs @ lora_a[slot, :last * max_rank + slices[last].rank].T
-    for i, sr in enumerate(slices):
-        if sr.rank == 0:
-            continue
-        lo = i * max_rank
-        b = lora_b[i][slot, :, :sr.rank]
-        out[:, offsets[i]:offsets[i] + b.shape[0]].addmm_(v[:, lo:lo + sr.rank], b.T, alpha=sr.scale)
+    v = xs @ plan.a_t
+    for c0, c1, v0, v1, b_t, scale in plan.expands:
+        out[:, c0:c1].addmm_(v[:, v0:v1], b_t, alpha=scale)
 
 
 def lora_delta_reference(x: torch.Tensor, token_slots: torch.Tensor, lora_a: torch.Tensor,
