@@ -6,6 +6,7 @@
         [--pending-ttl auto] [--pending-min-blocks 16] [--pending-max-load 1]
         [--profile h100-8b] [--kv-blocks 1024] [--feed-delay 0.005] [--scrape-interval 1]
         [--seed 0] [--trace-load] [--out build/bench/sim]
+        [--adapters 50 --adapter-zipf 1.0 --max-loras 8 --lora-load-ms 5]
 
 Every list flag is swept (the cartesian product; the prefix knobs only for
 `prefix`). --rate and --sessions are per engine, so a sweep over --engines
@@ -13,6 +14,9 @@ keeps the load per engine. Deterministic for a seed. Writes results.csv (one
 row per run, with hit rate / ideal of the same fleet and load) and sim.png:
 hit rate as a share of the ideal per policy, one panel per load and replica
 count. docs/benchmarks.md "Simulator: routing at fleet scale" explains the model and quotes the runs.
+With --adapters N every session runs under one of N LoRA adapters (Zipf popularity) on
+engines of --max-loras slots; each run also reports its adapter loads and adapter hit rate
+(docs/benchmarks.md "Simulator: LoRA adapters").
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_FLOOR  # noqa: E
 from pagedkube.gateway.routing.pending import DEFAULT_PENDING_MAX_LOAD, DEFAULT_PENDING_MIN_BLOCKS  # noqa: E402
 
 from sim.cache_aware import CacheAwareConfig  # noqa: E402
-from sim.engine import EngineConfig  # noqa: E402
+from sim.engine import DEFAULT_LORA_LOAD_S, EngineConfig  # noqa: E402
 from sim.fleet import FleetConfig, RunResult, simulate  # noqa: E402
 from sim.gateway import POLICIES, PolicySpec  # noqa: E402
 from sim.timing import PROFILES  # noqa: E402
@@ -87,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trace-load", action="store_true",
                    help="also report how well each load unit predicts TTFT (Spearman's rho of TTFT with the chosen "
                         "engine's requests, and with its prompt tokens still to prefill); slower")
+    p.add_argument("--adapters", type=int, default=0, help="LoRA adapters the sessions draw from (0: none)")
+    p.add_argument("--adapter-zipf", type=float, default=1.0, help="Zipf exponent of the adapters' popularity")
+    p.add_argument("--adapter-affinity", type=_list(lambda v: {"on": True, "off": False}[v]), default=[True],
+                   help="on,off: prefix with and without the adapter tiers (off: adapters hash apart, nothing more)")
+    p.add_argument("--max-loras", type=int, default=8, help="adapter slots per engine (with --adapters)")
+    p.add_argument("--lora-load-ms", type=float, default=DEFAULT_LORA_LOAD_S * 1e3,
+                   help="time one adapter load adds to its engine step")
     p.add_argument("--out", default=str(REPO / "build" / "bench" / "sim"))
     args = p.parse_args(argv)
     for name in args.policies:
@@ -102,12 +113,12 @@ def policy_specs(args: argparse.Namespace) -> list[PolicySpec]:
         if name != "prefix":
             specs.append(PolicySpec(name, cache_aware=ca))
             continue
-        for c, floor, depth, key, ttl, min_blocks, max_load in itertools.product(
+        for c, floor, depth, key, ttl, min_blocks, max_load, tiers in itertools.product(
                 args.load_bound, args.load_floor, args.affinity_depth, args.ring_key_blocks, args.pending_ttl,
-                args.pending_min_blocks, args.pending_max_load):
+                args.pending_min_blocks, args.pending_max_load, args.adapter_affinity):
             specs.append(PolicySpec("prefix", load_bound=c, load_floor=floor, affinity_depth=depth,
                                     ring_key_blocks=key, pending_ttl=ttl, pending_min_blocks=min_blocks,
-                                    pending_max_load=max_load))
+                                    pending_max_load=max_load, adapter_affinity=tiers))
     return specs
 
 
@@ -119,11 +130,14 @@ def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
     for seed, engines, replicas, rate, delay in itertools.product(args.seed, args.engines, args.replicas, args.rate,
                                                                   args.feed_delay):
         fleet = FleetConfig(engines=engines, replicas=replicas, time_model=PROFILES[args.profile],
-                            engine=EngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs),
+                            engine=EngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
+                                                max_loras=args.max_loras if args.adapters else None,
+                                                lora_load_s=args.lora_load_ms / 1e3),
                             feed_delay_s=delay, scrape_interval_s=args.scrape_interval, seed=seed,
                             trace_load=args.trace_load)
         spec = WorkloadSpec(kind=args.workload, sessions=args.sessions * engines, rate=rate * engines, seed=seed,
-                            think_s=args.think_s, answer_tokens=(lo, hi))
+                            think_s=args.think_s, answer_tokens=(lo, hi), adapters=args.adapters,
+                            adapter_zipf=args.adapter_zipf)
         group = []
         for policy in policy_specs(args):
             started = time.perf_counter()
@@ -135,7 +149,8 @@ def sweep(args: argparse.Namespace, on_run=None) -> list[RunResult]:
                   f"{result.policy:44s} hit {result.hit_rate:.3f} session-hit {result.session_hit_rate:.3f} "
                   f"TTFT p50/p99 {result.ttft_p50_s * 1e3:.0f}/{result.ttft_p99_s * 1e3:.0f} ms "
                   f"max/mean {result.max_mean_run:.2f} overflow {result.overflow_share:.3f} "
-                  f"disagree {result.disagreement:.3f}{_rho(result)} ({time.perf_counter() - started:.1f} s)", flush=True)
+                  f"disagree {result.disagreement:.3f}{_rho(result)}{_lora(result)} "
+                  f"({time.perf_counter() - started:.1f} s)", flush=True)
         results += _with_ideal(group)
     return results
 
@@ -145,6 +160,12 @@ def _rho(result: RunResult) -> str:
         return ""   # not traced
     return (f" TTFT rho: requests {result.ttft_rho_requests:.2f} backlog {result.ttft_rho_backlog:.2f}"
             f" backlog+own {result.ttft_rho_backlog_own:.2f}")
+
+
+def _lora(result: RunResult) -> str:
+    if math.isnan(result.adapter_hit_rate):
+        return ""
+    return f" adapter loads {result.adapter_loads} adapter hit {result.adapter_hit_rate:.3f}"
 
 
 def _with_ideal(group: list[RunResult]) -> list[RunResult]:

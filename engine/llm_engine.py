@@ -44,6 +44,7 @@ class EngineStats:
     running_lora_adapters: tuple[str, ...] = ()   # names of the adapters of running / waiting sequences
     waiting_lora_adapters: tuple[str, ...] = ()
     num_lora_slot_loads: int = 0   # cumulative: adapters copied into a device slot (engine/lora/manager.py)
+    resident_lora_adapters: tuple[str, ...] = ()  # names of the adapters in device slots: a step runs them unloaded
 
 
 # While only grammars are compiling, a step waits this long for one (instead of spinning).
@@ -282,7 +283,8 @@ class LLMEngine:
             sched = self.scheduler
             lora = dict(running_lora_adapters=tuple(sorted({s.lora_name for s in sched.running} - {None})),
                         waiting_lora_adapters=tuple(sorted({s.lora_name for s in sched.waiting} - {None})),
-                        num_lora_slot_loads=self.runner.lora.num_slot_loads)
+                        num_lora_slot_loads=self.runner.lora.num_slot_loads,
+                        resident_lora_adapters=tuple(sorted(self.runner.lora.resident_names())))
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             kv_cache_usage=kv.usage, prefix_cache_queries=kv.prefix_cache_queries,

@@ -43,6 +43,7 @@ from pagedkube.gateway.openapi import install as install_openapi
 from pagedkube.gateway.prompt import CurrentHasher
 from pagedkube.gateway.proxy import Proxy, ProxyOptions
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
+from pagedkube.gateway.routing.adapters import AdapterAffinity
 from pagedkube.gateway.routing.picker import PrefixPicker
 from pagedkube.gateway.routing.policies import LeastLoadPicker, RoundRobinPicker
 from pagedkube.gateway.routing.prefix_index import PrefixIndex
@@ -61,13 +62,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("pagedkube.gateway")
 
 
-def build_picker(config: GatewayConfig, index: PrefixIndex) -> Picker:
+def build_picker(config: GatewayConfig, index: PrefixIndex, endpoints: EndpointSet) -> Picker:
+    """`prefix`: adapter affinity for LoRA requests (routing/adapters.py), then the prefix picker."""
     rings = RingCache(config.vnodes)
     if config.routing == "round-robin":
         return RoundRobinPicker()
     if config.routing == "least-load":
         return LeastLoadPicker(rings)
-    return PrefixPicker(index, BoundedLoad(config.load_bound, config.load_floor), rings, config.affinity_depth)
+    prefix = PrefixPicker(index, BoundedLoad(config.load_bound, config.load_floor), rings, config.affinity_depth)
+    return AdapterAffinity(prefix, endpoints.adapter_slots)
 
 
 class Gateway:
@@ -86,7 +89,7 @@ class Gateway:
         self.endpoints = endpoints if endpoints is not None else EndpointSet(config.eject_after_failures,
                                                                              config.eject_seconds)
         self.index = PrefixIndex(config.index_capacity, pending_ttl=config.pending_ttl)
-        self.picker = build_picker(config, self.index)
+        self.picker = build_picker(config, self.index, self.endpoints)
         self.metrics = GatewayMetrics(self.endpoints.counts_by_state, self.endpoints.load_parts)
         self.static_urls = [normalize_url(u) for u in config.endpoints]
         self.prompt = CurrentHasher(config.ring_key_blocks)   # the engine watcher swaps in the engines' hasher

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+from pagedkube.gateway.routing.adapters import AdapterSlots
+
 READY = "ready"
 NOT_READY = "not_ready"
 TERMINATING = "terminating"
@@ -51,6 +53,7 @@ class Endpoint:
     scraped_at: float | None = None
     decode_rate: float | None = None         # output tokens/s per running sequence, last measured
     prefix_cache_hits: float | None = None   # the engine's cumulative cache hits at the last scrape (cache worth)
+    lora: AdapterSlots | None = None         # its LoRA adapter slots at the last scrape (None: LoRA off or unknown)
     consecutive_failures: int = 0
     ejected_until: float = 0.0
 
@@ -136,6 +139,10 @@ class EndpointSet:
         urls = self._endpoints if urls is None else urls
         return {u: e.in_flight + e.others for u in urls if (e := self._endpoints.get(u)) is not None}
 
+    def adapter_slots(self, urls: Iterable[str]) -> dict[str, AdapterSlots]:
+        """The last scraped adapter slots of those of `urls` that reported any (routing/adapters.py)."""
+        return {u: e.lora for u in urls if (e := self._endpoints.get(u)) is not None and e.lora is not None}
+
     def label(self, url: str) -> str:
         """How metrics name an endpoint: its pod's name under Kubernetes discovery (an engine's
         address is nobody's business on an open /metrics), else the URL as configured."""
@@ -167,9 +174,10 @@ class EndpointSet:
             e.in_flight -= 1
 
     def set_scraped(self, url: str, running: int, waiting: int, own: int,
-                    prefix_cache_hits: float | None = None, generation_tokens: float | None = None) -> None:
+                    prefix_cache_hits: float | None = None, generation_tokens: float | None = None,
+                    lora: AdapterSlots | None = None) -> None:
         """An engine reported `running` and `waiting` requests (and its cumulative
-        prefix-cache hits and output tokens, None when not exported) while this gateway
+        prefix-cache hits and output tokens, None when not exported; its adapter slots) while this gateway
         had `own` requests open on it (the larger of its counts before and after the
         scrape: a request of ours that ended meanwhile is not taken for another replica's).
         Two scrapes with sequences running measure its decode rate per sequence."""
@@ -179,6 +187,7 @@ class EndpointSet:
         e.waiting = max(0, int(waiting))
         e.others = max(0, int(running) + e.waiting - max(0, own))
         e.prefix_cache_hits = prefix_cache_hits
+        e.lora = lora
         if generation_tokens is not None and e.generation_tokens is not None and e.scraped_at is not None \
                 and running > 0 and now > e.scraped_at and generation_tokens > e.generation_tokens:
             e.decode_rate = (generation_tokens - e.generation_tokens) / (now - e.scraped_at) / running

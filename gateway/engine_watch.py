@@ -8,7 +8,8 @@ Per endpoint, two tasks:
           next starts `feed_interval` after the last (which batches a busy
           engine's events), at once after a long-poll that waited
   scrape  GET /metrics every `scrape_interval`, parsed once
-          (gateway/engine_metrics.py: running, waiting, prefix-cache hits)
+          (gateway/engine_metrics.py: running, waiting, prefix-cache hits,
+          LoRA adapter slots)
           -> EndpointSet.set_scraped, with this gateway's own in-flight count
           around the scrape; the router, the autoscaler and the gateway's
           metrics all read that; GET /ready when probing;
@@ -267,7 +268,7 @@ class EngineWatcher:
                     own = max(own, self.endpoints.in_flight(url))
                     scrape = parse_engine_metrics(r.text)
                     self.endpoints.set_scraped(url, scrape.running, scrape.waiting, own, scrape.prefix_cache_hits,
-                                               scrape.generation_tokens)
+                                               scrape.generation_tokens, scrape.lora)
                 if url not in self.models or tick % _MODELS_EVERY == 0:
                     r = await self.client.get(f"{url}/v1/models")
                     if r.status_code == 200:

@@ -86,10 +86,10 @@ class PromptHasher:
         self.head_cache = head_cache
         self._heads: OrderedDict[tuple, list[int]] = OrderedDict()
 
-    def fallback(self, kind: str, body: dict, cache_salt: str | None) -> RoutingInput:
+    def fallback(self, kind: str, body: dict, cache_salt: str | None, lora_name: str | None = None) -> RoutingInput:
         text = raw_text(kind, body)[:_FALLBACK_CHARS]
         return RoutingInput(ring_key=keys.digest(b"raw", cache_salt, text.encode()), block_size=self.block_size,
-                            tokenized=False)
+                            tokenized=False, lora_name=lora_name)
 
     def routing_input(self, kind: str, body: dict, cache_salt: str | None, cached: bool = True,
                       lora_name: str | None = None) -> RoutingInput:
@@ -99,13 +99,13 @@ class PromptHasher:
         cached ones (the Rust tokenizer and a compiled jinja template are safe
         to share between threads; the caches are not)."""
         if self.tokenizer is None:
-            return self.fallback(kind, body, cache_salt)
+            return self.fallback(kind, body, cache_salt, lora_name)
         try:
             token_ids, key_ids = self._tokenize(kind, body, cached)
         except Exception:  # noqa: BLE001  a template or tokenizer error routes, it does not fail the request
-            return self.fallback(kind, body, cache_salt)
+            return self.fallback(kind, body, cache_salt, lora_name)
         if not token_ids:
-            return self.fallback(kind, body, cache_salt)
+            return self.fallback(kind, body, cache_salt, lora_name)
         return keys.routing_input(token_ids, key_ids, block_size=self.block_size, seed=self.seed,
                                   ring_key_blocks=self.ring_key_blocks, cache_salt=cache_salt, lora_name=lora_name)
 

@@ -25,6 +25,7 @@ from pagedkube.gateway.routing.types import OVERFLOW
 from sim.engine import EngineConfig, SimEngine, SimRequest
 from sim.events import EventLoop
 from sim.gateway import PolicySpec, SimGateway, WalkMemo
+from sim.llmd import LLMD, SCRAPE_INTERVAL_S as LLMD_SCRAPE_INTERVAL_S
 from sim.timing import PROFILES, TimeModel
 from sim.workloads import SimSession, WorkloadSpec, sessions
 
@@ -84,6 +85,10 @@ class RunResult:
     ttft_rho_requests: float = math.nan
     ttft_rho_backlog: float = math.nan
     ttft_rho_backlog_own: float = math.nan
+    # LoRA workloads (WorkloadSpec.adapters): adapters copied into slots, fleet-wide, and the share of
+    # adapter requests whose adapter was in a slot of their engine when first scheduled.
+    adapter_loads: int = 0
+    adapter_hit_rate: float = math.nan
 
     def row(self) -> dict:
         out = asdict(self)
@@ -123,7 +128,8 @@ class _Run:
         config, model = fleet.engine, fleet.time_model
         if ideal:
             k = fleet.engines
-            config = replace(config, num_blocks=config.num_blocks * k)
+            config = replace(config, num_blocks=config.num_blocks * k,
+                             max_loras=None if config.max_loras is None else config.max_loras * k)
             if fleet.ideal_pooled_compute:
                 config = replace(config, max_num_seqs=config.max_num_seqs * k,
                                  max_num_batched_tokens=config.max_num_batched_tokens * k)
@@ -137,6 +143,10 @@ class _Run:
         self.gateways = [SimGateway(f"gw{r}", urls, policy, clock, rings=rings, replicas=fleet.replicas)
                          for r in range(fleet.replicas)]
         self.rng = random.Random(f"{fleet.seed}/replica-split")
+        # llm-d refreshes its metrics every 50 ms by default (llmd.py); the others at the fleet's interval
+        self.scrape_interval_s = fleet.scrape_interval_s
+        if policy.name == LLMD and fleet.scrape_interval_s > 0:
+            self.scrape_interval_s = min(fleet.scrape_interval_s, LLMD_SCRAPE_INTERVAL_S)
         self.ttft: list[float] = []
         self.traced: list[tuple[int, int, int, float]] = []   # trace_load: requests, backlog, own, TTFT
         self.queue: list[float] = []
@@ -161,9 +171,9 @@ class _Run:
 
     def _scrape(self, gw: SimGateway) -> None:
         for e in self.engines:
-            gw.scraped(e.name, e.num_running, e.num_waiting)
-        if self.fleet.scrape_interval_s > 0 and not self._finished():
-            self.loop.after(self.fleet.scrape_interval_s, self._scrape, gw)
+            gw.scraped(e.name, e.num_running, e.num_waiting, e.kv.usage, e.lora_slots())
+        if self.scrape_interval_s > 0 and not self._finished():
+            self.loop.after(self.scrape_interval_s, self._scrape, gw)
 
     def _sample(self) -> None:
         self.samples.append([e.load for e in self.engines])
@@ -198,7 +208,7 @@ class _Run:
         prompt = session.prompt(turn)
         request = routing_input(prompt, session.head, block_size=self.fleet.engine.block_size,
                                 seed=self.fleet.engine.hash_seed, ring_key_blocks=self.policy.ring_key_blocks,
-                                cache_salt=session.cache_salt)
+                                cache_salt=session.cache_salt, lora_name=session.lora_name)
         if self.fleet.scrape_interval_s == 0:
             for gw in self.gateways:
                 self._scrape(gw)
@@ -234,7 +244,7 @@ class _Run:
                 self.open_sessions -= 1
 
         engine_request = SimRequest(f"{session.session_id}/{turn}", prompt, session.answers[turn],
-                                    session.cache_salt, first_token, done)
+                                    session.cache_salt, session.lora_name, first_token, done)
         engine = self.by_url[url]
         load = engine.load
         seq = engine.submit(engine_request)
@@ -244,7 +254,7 @@ class _Run:
 
     def run(self) -> RunResult:
         for gw in self.gateways:
-            phase = random.Random(f"{self.fleet.seed}/{gw.name}/phase").uniform(0, self.fleet.scrape_interval_s)
+            phase = random.Random(f"{self.fleet.seed}/{gw.name}/phase").uniform(0, self.scrape_interval_s)
             self.loop.at(phase, self._scrape, gw)
         self.loop.at(0.0, self._sample)
         if self.policy.name == "cache-aware":
@@ -278,7 +288,15 @@ class _Run:
             overflow_share=self.overflows / self.decisions if self.decisions else 0.0,
             disagreement=self.disagreements / self.compared if self.compared else 0.0,
             preemptions=sum(e.stats.preemptions for e in self.engines),
-            sim_s=self.loop.now, events=self.loop.num_events, reasons=dict(self.reasons), **self._load_units())
+            sim_s=self.loop.now, events=self.loop.num_events, reasons=dict(self.reasons), **self._load_units(),
+            **self._adapters())
+
+    def _adapters(self) -> dict:
+        requests = sum(e.stats.lora_requests for e in self.engines)
+        if not requests:
+            return {}
+        return {"adapter_loads": sum(e.stats.lora_loads for e in self.engines),
+                "adapter_hit_rate": sum(e.stats.lora_hits for e in self.engines) / requests}
 
     def _load_units(self) -> dict:
         if not self.traced:

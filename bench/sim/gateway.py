@@ -5,7 +5,9 @@ the engines' stored/removed events, and the picker app.build_picker would make.
 Load, as in the gateway (gateway/endpoints.py): this replica's own requests in
 flight (exact) + other replicas' requests as of its last scrape of the engine
 (running + waiting less its own then). The cache_aware policy counts only its
-own requests in flight, as vllm-router does.
+own requests in flight, as vllm-router does; `llm-d` only the scrape (llmd.py).
+A LoRA request under `prefix` goes through the gateway's adapter affinity
+(gateway/routing/adapters.py) over the scraped adapter slots.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from pagedkube.gateway.endpoints import READY, EndpointSet
+from pagedkube.gateway.routing.adapters import AdapterAffinity, AdapterSlots
 from pagedkube.gateway.routing.bounded_load import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, BoundedLoad
 from pagedkube.gateway.routing.keys import DEFAULT_RING_KEY_BLOCKS
 from pagedkube.gateway.routing.picker import DEFAULT_AFFINITY_DEPTH, PrefixPicker
@@ -24,8 +27,9 @@ from pagedkube.gateway.routing.ring import DEFAULT_VNODES, HashRing, RingCache
 from pagedkube.gateway.routing.types import Decision, RoutingInput
 
 from sim.cache_aware import CacheAwareConfig, CacheAwarePicker
+from sim.llmd import LLMD, LlmdPicker
 
-POLICIES = ("prefix", "round-robin", "least-load", "cache-aware", "ideal")
+POLICIES = ("prefix", "round-robin", "least-load", "cache-aware", "llm-d", "ideal")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,7 @@ class PolicySpec:
     pending_min_blocks: int = DEFAULT_PENDING_MIN_BLOCKS
     pending_max_load: int = DEFAULT_PENDING_MAX_LOAD
     cache_aware: CacheAwareConfig = CacheAwareConfig()
+    adapter_affinity: bool = True      # prefix: LoRA requests by adapter tiers first (routing/adapters.py)
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -56,7 +61,8 @@ class PolicySpec:
         pending = "" if self.pending_ttl is None else f" pending={self.pending_ttl:g}s"
         if (self.pending_min_blocks, self.pending_max_load) != (DEFAULT_PENDING_MIN_BLOCKS, DEFAULT_PENDING_MAX_LOAD):
             pending += f" pending-gate={self.pending_min_blocks}b,load<={self.pending_max_load}"
-        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}"
+        tiers = "" if self.adapter_affinity else " no-adapter-tiers"
+        return f"prefix c={self.load_bound:g} floor={self.load_floor} {rule} key={self.ring_key_blocks}{pending}{tiers}"
 
 
 class _MemoRing:
@@ -120,9 +126,12 @@ class SimGateway:
             self.picker = LeastLoadPicker(rings)
         elif policy.name == "cache-aware":
             self.picker = CacheAwarePicker(policy.cache_aware)
+        elif policy.name == LLMD:
+            self.picker = LlmdPicker(self.index, f"{name}/llm-d")
         else:   # prefix, and ideal (one engine: any picker answers it)
             bound = BoundedLoad(policy.load_bound, policy.load_floor)
-            self.picker = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
+            prefix = PrefixPicker(self.index, bound, rings, policy.affinity_depth)
+            self.picker = AdapterAffinity(prefix, self.endpoints.adapter_slots) if policy.adapter_affinity else prefix
 
     def loads(self) -> dict[str, int]:
         if isinstance(self.picker, CacheAwarePicker):
@@ -152,8 +161,11 @@ class SimGateway:
     def release(self, url: str) -> None:
         self.endpoints.release(url)
 
-    def scraped(self, url: str, running: int, waiting: int) -> None:
-        self.endpoints.set_scraped(url, running, waiting, self.endpoints.in_flight(url))
+    def scraped(self, url: str, running: int, waiting: int, kv_usage: float = 0.0,
+                lora: AdapterSlots | None = None) -> None:
+        self.endpoints.set_scraped(url, running, waiting, self.endpoints.in_flight(url), lora=lora)
+        if isinstance(self.picker, LlmdPicker):
+            self.picker.scraped[url] = (waiting, kv_usage, lora)
 
     def feed(self, url: str, engine_id: str, events: list[tuple[str, list[bytes]]]) -> None:
         for event_type, hashes in events:

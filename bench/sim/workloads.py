@@ -20,6 +20,10 @@ need no memory up front.
     bench-petcare  bench/workloads.py's petcare_chat as bench/routing.py sends it,
                    tokenized with the built-in model's tokenizer and chat template
                    (calibration against the real four-engine run)
+
+With `adapters` > 0 (any kind but bench-petcare) every session runs under one LoRA
+adapter, `adapter-01` .. `adapter-NN`, drawn with Zipf popularity (rank r has weight
+r^-adapter_zipf): a few fine-tunes are busy, a long tail is rare.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ class SimSession:
     cache_salt: str | None = None
     head_len: int | None = None        # tokens of the head; None: shared + users[0]
     common_len: int = 0                # leading tokens other sessions share (a product prompt)
+    lora_name: str | None = None       # the LoRA adapter every turn runs under (None: the base model)
 
     @property
     def num_turns(self) -> int:
@@ -74,6 +79,8 @@ class WorkloadSpec:
     system_tokens: tuple[int, int] = (500, 2000)
     profile_tokens: tuple[int, int] = (40, 120)
     tenants: int = 4
+    adapters: int = 0                  # LoRA adapters the sessions draw from (0: all run the base model)
+    adapter_zipf: float = 1.0          # Zipf exponent of their popularity
 
 
 KINDS = ("petcare", "sharegpt", "tenants", "bench-petcare")
@@ -94,6 +101,8 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, lo: int, h
 def sessions(spec: WorkloadSpec) -> Iterator[SimSession]:
     if spec.kind not in KINDS:
         raise ValueError(f"workload must be one of {', '.join(KINDS)}, got {spec.kind!r}")
+    if spec.adapters < 0 or spec.adapter_zipf < 0:
+        raise ValueError(f"adapters and adapter_zipf must be >= 0, got {spec.adapters}, {spec.adapter_zipf}")
     if spec.kind == "bench-petcare":
         from sim.bench_workload import bench_sessions
         yield from bench_sessions(spec)
@@ -101,6 +110,8 @@ def sessions(spec: WorkloadSpec) -> Iterator[SimSession]:
     arrivals = np.random.default_rng([spec.seed, 0])
     products = [_tokens(np.random.default_rng([spec.seed, 1, p]), _between(
         np.random.default_rng([spec.seed, 2, p]), spec.system_tokens)) for p in range(spec.products)]
+    weights = np.arange(1, spec.adapters + 1, dtype=float) ** -spec.adapter_zipf
+    adapter_p = weights / weights.sum() if spec.adapters else None
     t = 0.0
     for i in range(spec.sessions):
         if spec.rate > 0:
@@ -121,4 +132,8 @@ def sessions(spec: WorkloadSpec) -> Iterator[SimSession]:
             if spec.kind == "tenants":
                 salt = f"tenant-{int(rng.integers(0, spec.tenants))}"
         common = 0 if spec.kind == "sharegpt" else len(product)
-        yield SimSession(f"{spec.kind}-{i}", t, shared, users, answers, think, salt, common_len=common)
+        lora = None
+        if adapter_p is not None:   # its own stream: the sessions are the same with and without adapters
+            lora = f"adapter-{int(np.random.default_rng([spec.seed, 4, i]).choice(spec.adapters, p=adapter_p)) + 1:02d}"
+        yield SimSession(f"{spec.kind}-{i}", t, shared, users, answers, think, salt, common_len=common,
+                         lora_name=lora)

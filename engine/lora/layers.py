@@ -20,7 +20,7 @@ from torch import nn
 from pagedkube.engine.lora.peft_format import TARGETS, LoRAWeights
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
-from pagedkube.engine.lora.punica import SliceRank, SlotGroup, add_lora_grouped
+from pagedkube.engine.lora.punica import SliceRank, SlotGroup, SlotPlan, add_lora_grouped, slot_plan
 
 # fused projection -> the HF modules of its slices, in row order
 SLICES = {fused: tuple(m for m, (f, _) in TARGETS.items() if f == fused)
@@ -33,6 +33,7 @@ class StepAdapters:
     grouped CPU path, the rows of each slot. Empty groups: no adapter in this step."""
     token_slots: torch.Tensor | None = None
     groups: list[SlotGroup] = field(default_factory=list)
+    rows: torch.Tensor | None = None       # the groups' rows concatenated (None: one group of every row)
     use_triton: bool = False
 
 
@@ -54,6 +55,7 @@ class LoRALinear(nn.Module):
         self.lora_b = [torch.zeros(max_loras, size, max_rank, device=device, dtype=dtype) for size in out_sizes]
         self.scales = torch.zeros(max_loras, n, device=device, dtype=torch.float32)
         self.slot_slices = [[SliceRank(0, 0.0)] * n for _ in range(max_loras)]
+        self.plans: list[SlotPlan | None] = [None] * max_loras   # the grouped CPU path's views (punica.py)
 
     def set_slot(self, slot: int, weights: list[LoRAWeights | None]) -> None:
         """Put one adapter's weights of this projection (one entry per slice) in `slot`."""
@@ -72,6 +74,7 @@ class LoRALinear(nn.Module):
             self.scales[slot, i] = w.scale
             slices.append(SliceRank(w.rank, w.scale))
         self.slot_slices[slot] = slices
+        self.plans[slot] = slot_plan(self.lora_a, self.lora_b, self.offsets, self.max_rank, slices, slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -84,8 +87,7 @@ class LoRALinear(nn.Module):
             add_lora_triton(y, x, step.token_slots, self.lora_a, self.lora_b, self.scales, self.offsets,
                             self.max_rank)
         else:
-            add_lora_grouped(y, x, self.lora_a, self.lora_b, self.offsets, self.max_rank, self.slot_slices,
-                             step.groups)
+            add_lora_grouped(y, x, self.plans, step.groups, step.rows)
         return y
 
 

@@ -36,6 +36,7 @@ class LoRAManager:
         self.step.use_triton = use_triton
         self._cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()     # lora_int_id -> adapter
         self._slots: OrderedDict[int, int] = OrderedDict()           # lora_int_id -> slot, LRU first
+        self._slot_names: dict[int, str] = {}                        # lora_int_id -> name, for what is in a slot
         self.num_slot_loads = 0                                      # adapters copied into a slot, cumulative
 
     def get(self, request: LoRARequest) -> LoRAAdapter:
@@ -55,10 +56,15 @@ class LoRAManager:
         """Drop an adapter from host memory and its slot (its id may come back with other weights)."""
         self._cpu.pop(lora_int_id, None)
         self._slots.pop(lora_int_id, None)
+        self._slot_names.pop(lora_int_id, None)
 
     def resident(self) -> list[int]:
         """lora_int_ids in device slots, least recently used first."""
         return list(self._slots)
+
+    def resident_names(self) -> list[str]:
+        """Names of the adapters in device slots (usable by a step without a load), LRU first."""
+        return [self._slot_names[i] for i in self._slots]
 
     def _slot_of(self, request: LoRARequest, pinned: set[int]) -> int:
         slot = self._slots.get(request.lora_int_id)
@@ -72,16 +78,18 @@ class LoRAManager:
             victim = next((i for i in self._slots if i not in pinned), None)
             assert victim is not None, f"a step with more than max_loras={self.max_loras} adapters"
             slot = self._slots.pop(victim)
+            del self._slot_names[victim]
         for (layer, fused), wrapper in self.wrappers.items():
             wrapper.set_slot(slot, [adapter.weights.get((layer, m)) for m in SLICES[fused]])
         self._slots[request.lora_int_id] = slot
+        self._slot_names[request.lora_int_id] = request.lora_name
         self.num_slot_loads += 1
         return slot
 
     def prepare_step(self, requests: list[LoRARequest | None], q_lens: list[int]) -> None:
         """Slots for the step's sequences (one LoRARequest or None each, with its token count)."""
         step = self.step
-        step.groups = []
+        step.groups, step.rows = [], None
         if all(r is None for r in requests):
             return
         pinned = {r.lora_int_id for r in requests if r is not None}
@@ -93,8 +101,12 @@ class LoRAManager:
             groups.append(SlotGroup(slot, None if rows.numel() == token_slots.numel() else rows.to(self.device)))
         step.token_slots = token_slots.to(self.device)
         step.groups = groups
+        # the adapter rows in group order, gathered once per projection by the grouped CPU path
+        partial = [g.rows for g in groups if g.rows is not None]
+        step.rows = torch.cat(partial) if partial else None
 
     def end_step(self) -> None:
         self.step.groups = []
         self.step.token_slots = None
+        self.step.rows = None
 

@@ -26,6 +26,9 @@ INTER_TOKEN_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                            60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 FINISH_REASONS = ("stop", "length", "abort")
+# With --enable-lora (names the gateway reads: gateway/engine_metrics.py).
+RESIDENT_LORA = "pagedkube_engine_lora_resident"
+LORA_SLOT_LOADS = "pagedkube_engine_lora_slot_loads_total"
 
 # Every name docs/design.md "Engine server" promises, as they appear in the exposition.
 METRIC_NAMES = (
@@ -82,6 +85,16 @@ class _EngineStatsCollector:
             info.add_metric([",".join(get("running_lora_adapters") or ()), ",".join(get("waiting_lora_adapters") or ()),
                              str(self.max_lora)], time.time())
             yield info
+            # Ours: which adapters sit in the step's slots (a request for one runs without a load; the
+            # gateway prefers those engines, docs/gateway.md "LoRA adapters"), and how many loads it took.
+            resident = GaugeMetricFamily(RESIDENT_LORA, "LoRA adapters in the engine's --max-loras slots (1 each).",
+                                         labels=["model_name", "lora_name"])
+            for name in get("resident_lora_adapters") or ():
+                resident.add_metric([self.model_name, name], 1)
+            yield resident
+            yield counter(LORA_SLOT_LOADS.removesuffix("_total"),
+                          "LoRA adapters copied into a slot (each one a load, whether from host memory or disk).",
+                          get("num_lora_slot_loads"))
 
 
 class EngineMetrics:

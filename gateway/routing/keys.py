@@ -49,4 +49,4 @@ def routing_input(token_ids: Sequence[int], head_ids: Sequence[int] | None, *, b
     else:
         key = digest(b"short", cache_salt, tokens_bytes(head))
     return RoutingInput(ring_key=key, block_hashes=tuple(hashes), num_prompt_tokens=len(token_ids),
-                        block_size=block_size, head_blocks=key_blocks)
+                        block_size=block_size, head_blocks=key_blocks, lora_name=lora_name)

@@ -25,7 +25,7 @@ text).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from pagedkube.gateway.routing.bounded_load import BoundedLoad
 from pagedkube.gateway.routing.ring import RingCache
@@ -52,9 +52,17 @@ class PrefixPicker:
         head = request.head_blocks if self.affinity_depth is None else min(request.head_blocks, self.affinity_depth)
         return max(1, min(head, len(request.block_hashes)))
 
-    def pick(self, request: RoutingInput, endpoints: Sequence[str], loads: Mapping[str, int]) -> Decision:
+    def pick(self, request: RoutingInput, endpoints: Sequence[str], loads: Mapping[str, int],
+             among: Collection[str] | None = None) -> Decision:
+        """`among`: choose only among these of `endpoints` (the bound over them too), as
+        a picker given just those would, without building their own ring (adapters.py);
+        the others follow in the retry order."""
         assert endpoints, "pick() needs at least one endpoint"
-        walk = self.rings.get(endpoints).walk(request.ring_key)
+        ring_walk = self.rings.get(endpoints).walk(request.ring_key)
+        # A subset's ring walk is the whole ring's walk without the others: points depend
+        # only on endpoint names (ring.py).
+        walk = ring_walk if among is None else [e for e in ring_walk if e in among]
+        assert walk, "among must name at least one of endpoints"
         capacity = self.bound.capacity(loads, walk)
         fits = [e for e in walk if self.bound.within(e, loads, capacity)]
 
@@ -77,7 +85,7 @@ class PrefixPicker:
             reason = OVERFLOW
         else:
             reason = AFFINITY if matched else RING
-        order = (chosen,) + tuple(e for e in walk if e != chosen)
+        order = (chosen,) + tuple(e for e in ring_walk if e != chosen)
         return Decision(
             endpoints=order,
             reason=reason,

@@ -36,7 +36,9 @@ class RoutingInput:
     tokenized. `ring_key` is the 32-byte key the ring is walked from.
     `head_blocks` is how many full blocks the ring key covers (the prompt's
     head, at most ring_key_blocks): the depth an engine must hold to draw the
-    request by affinity under the head-only rule (picker.py).
+    request by affinity under the head-only rule (picker.py). `lora_name`:
+    the LoRA adapter the request runs under (None: the base model), for
+    adapter affinity (adapters.py).
     """
     ring_key: bytes
     block_hashes: tuple[bytes, ...] = ()
@@ -44,6 +46,7 @@ class RoutingInput:
     block_size: int = 16
     tokenized: bool = True
     head_blocks: int = 0
+    lora_name: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.ring_key) < 8:

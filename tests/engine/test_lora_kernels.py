@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedkube.engine.lora.punica import SliceRank, SlotGroup, add_lora_grouped, lora_delta_reference
+from pagedkube.engine.lora.punica import SliceRank, SlotGroup, add_lora_grouped, lora_delta_reference, slot_plan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -54,7 +54,8 @@ def test_grouped_equals_reference(seed, tokens, in_features, out_sizes, max_rank
     expected = base + lora_delta_reference(x, slots, lora_a, lora_b, scales, max_rank)
     groups = [SlotGroup(s, (slots == s).nonzero().flatten()) for s in sorted(set(slots.tolist()) - {-1})]
     y = base.clone()
-    add_lora_grouped(y, x, lora_a, lora_b, offsets_of(out_sizes), max_rank, slot_slices, groups)
+    plans = [slot_plan(lora_a, lora_b, offsets_of(out_sizes), max_rank, slices, s) for s, slices in enumerate(slot_slices)]
+    add_lora_grouped(y, x, plans, groups)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4)
     base_rows = slots == -1
     assert torch.equal(y[base_rows], base[base_rows])              # base-model tokens untouched

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import save_file
 
 from .conftest import ServerProcess, metric_value
@@ -114,10 +115,25 @@ def test_feed_hashes_equal_the_gateways_for_an_adapter(lora_server):
     assert not set(expected) & set(hashing.block_hashes(ids, 16, lora_name="dogs"))
 
 
-def test_lora_requests_info_metric(lora_server):
-    text = httpx.get(lora_server.url + "/metrics").text
+def test_lora_metrics(lora_server):
+    """vLLM's info gauge; ours: the adapters in the two slots, and slot loads, which a repeat does not add to."""
+    c = client_of(lora_server)
+
+    def ask(*models: str) -> str:
+        for model in models:
+            c.completions.create(model=model, prompt=PROMPTS[0], max_tokens=1, temperature=0)
+        return httpx.get(lora_server.url + "/metrics").text
+
+    text = ask("dogs", "cats")
     assert metric_value(text, "vllm:lora_requests_info", max_lora="2", running_lora_adapters="",
                         waiting_lora_adapters="") > 1e9
+    resident = {s.labels["lora_name"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "pagedkube_engine_lora_resident"}
+    assert resident == {"dogs": 1.0, "cats": 1.0}
+    loads = metric_value(text, "pagedkube_engine_lora_slot_loads_total", model_name=BASE)
+    assert loads >= 2
+    again = ask("cats", "dogs", BASE, "dogs")
+    assert metric_value(again, "pagedkube_engine_lora_slot_loads_total", model_name=BASE) == loads
 
 
 @pytest.fixture(scope="module")
