@@ -81,6 +81,9 @@ def build_engine_leader_worker_set(svc: LLMServiceSpec, secret_version: str = ""
             "replicas": svc.replicas,
             "startupPolicy": STARTUP_POLICY,
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling},
+            # LWS's webhook default, written out: the workers' --master-addr is LWS_LEADER_ADDRESS,
+            # LEADER.LWS.NAMESPACE in the group's shared headless Service.
+            "networkConfig": {"subdomainPolicy": "Shared"},
             "leaderWorkerTemplate": {
                 "size": svc.engine.nodes_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",
