@@ -78,7 +78,15 @@ up() {
   certs
   # The CRD is 1.2 MB: past client-side apply's annotation, so applied server-side.
   kubectl_ apply --server-side --force-conflicts -f "$bin/lws-crd.yaml" >&2
-  kubectl_ wait --for=condition=Established crd/leaderworkersets.leaderworkerset.x-k8s.io --timeout 60s >&2
+  # (kubectl wait fails at once on a CRD with no status yet)
+  local established="" _
+  for _ in $(seq 60); do
+    established="$(kubectl_ get crd leaderworkersets.leaderworkerset.x-k8s.io \
+      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null || true)"
+    [[ "$established" == True ]] && break
+    sleep 1
+  done
+  [[ "$established" == True ]] || { log "the LeaderWorkerSet CRD is not Established"; exit 1; }
   cat > "$dir/config.yaml" <<EOF
 apiVersion: config.lws.x-k8s.io/v1alpha1
 kind: Configuration

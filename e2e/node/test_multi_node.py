@@ -99,7 +99,7 @@ def test_a_two_pod_group_serves_tp1s_answer_and_a_deleted_worker_restarts_the_gr
     assert worker["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "1"
     # LWS's pod webhook put the leader's address in the worker; the args name it
     env = {e["name"]: e.get("value") for e in worker["spec"]["containers"][0]["env"]}
-    assert env["LWS_LEADER_ADDRESS"] == f"{NAME}-engine-0.{NAME}-engine.{NS}"
+    assert env["LWS_LEADER_ADDRESS"] == f"{NAME}-engine-0.{NAME}-engine-0.{NS}"   # the group's own Service
     assert env["LWS_WORKER_INDEX"] == "1"
     log = kube.run("logs", worker["metadata"]["name"], "-n", NS).stdout
     assert "node 1 of 2: ranks 1-1 of " in log, log
