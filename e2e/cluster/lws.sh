@@ -54,22 +54,22 @@ $selector
 EOF
 }
 
+# LWS's MutatingWebhookConfiguration and ValidatingWebhookConfiguration (mLWS, mpod; vLWS, vpod).
 webhooks() {
-  cat <<EOF
-apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata: {name: lws-mutating-webhook-configuration}
-webhooks:
-$(webhook mleaderworkerset.kb.io /mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset leaderworkersets)
-$(webhook mpod.kb.io /mutate--v1-pod pods)
+  local kind verb
+  for kind in Mutating Validating; do
+    verb=mutate
+    if [[ $kind == Validating ]]; then verb=validate; fi
+    cat <<EOF
 ---
 apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingWebhookConfiguration
-metadata: {name: lws-validating-webhook-configuration}
+kind: ${kind}WebhookConfiguration
+metadata: {name: lws-${kind,,}-webhook-configuration}
 webhooks:
-$(webhook vleaderworkerset.kb.io /validate-leaderworkerset-x-k8s-io-v1-leaderworkerset leaderworkersets)
-$(webhook vpod.kb.io /validate--v1-pod pods)
+$(webhook "${verb:0:1}leaderworkerset.kb.io" "/$verb-leaderworkerset-x-k8s-io-v1-leaderworkerset" leaderworkersets)
+$(webhook "${verb:0:1}pod.kb.io" "/$verb--v1-pod" pods)
 EOF
+  done
 }
 
 up() {
