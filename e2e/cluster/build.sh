@@ -24,11 +24,15 @@ want="k8s=$K8S_VERSION kwok=$KWOK_VERSION etcd=$ETCD_VERSION actionlint=$ACTIONL
 
 want_node="k8s=$K8S_VERSION kubelet kube-proxy containerd=$CONTAINERD_VERSION"
 node_stamp="$bin/.stamp-node"
-need_node=0
-if [[ "${1:-}" == node && ! ( -f "$node_stamp" && "$(cat "$node_stamp")" == "$want_node" ) ]]; then
-  need_node=1
+want_addons="lws=$LWS_VERSION coredns=$COREDNS_VERSION"
+addons_stamp="$bin/.stamp-addons"
+stale() { [[ ! ( -f "$1" && "$(cat "$1")" == "$2" ) ]]; }
+need_node=0 need_addons=0
+if [[ "${1:-}" == node ]]; then
+  if stale "$node_stamp" "$want_node"; then need_node=1; fi
+  if stale "$addons_stamp" "$want_addons"; then need_addons=1; fi
 fi
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && $need_node == 0 ]]; then
+if ! stale "$stamp" "$want" && [[ $need_node == 0 && $need_addons == 0 ]]; then
   echo "$bin"
   exit 0
 fi
@@ -141,8 +145,43 @@ build_actionlint() {
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION"
 }
 
+# The LeaderWorkerSet controller: LWS's own main (cmd/), built in a copy of its module with
+# the module's go.mod and go.sum (`go install pkg@version` would ask the proxy for the module's
+# version list, which it refuses here), and its CRD copied beside it for cluster.sh.
+build_lws() {
+  local d="$src/lws" dir
+  dir="$(go mod download -json "sigs.k8s.io/lws@$LWS_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')"
+  rm -rf "$d" && cp -r "$dir" "$d" && chmod -R u+w "$d"
+  log "building lws-controller $LWS_VERSION"
+  (cd "$d" && go build -trimpath -o "$bin/lws-controller" \
+    -ldflags "-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" ./cmd)
+  install -m 644 "$d/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$bin/lws-crd.yaml"
+}
+
+# CoreDNS with the plugins node.sh's Corefile names, in the order of CoreDNS's plugin.cfg
+# (the order requests pass through them), from a main of ours: CoreDNS's own main links
+# every plugin (cloud DNS providers included).
+build_coredns() {
+  local d="$src/coredns" plugin
+  local plugins=(bind errors cache kubernetes forward)
+  mkdir -p "$d"
+  printf 'module pagedkube.io/e2e/corednsbin\n\ngo 1.24.0\n\nrequire github.com/coredns/coredns %s\n' \
+    "$COREDNS_VERSION" > "$d/go.mod"
+  {
+    printf '// coredns: CoreDNS %s with only the plugins the e2e node needs.\npackage main\n\nimport (\n' "$COREDNS_VERSION"
+    printf '\t"github.com/coredns/coredns/core/dnsserver"\n\t"github.com/coredns/coredns/coremain"\n'
+    for plugin in "${plugins[@]}"; do printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "$plugin"; done
+    printf ')\n\nfunc init() { dnsserver.Directives = []string{'
+    printf '"%s", ' "${plugins[@]}"
+    printf '} }\n\nfunc main() { coremain.Run() }\n'
+  } > "$d/main.go"
+  (cd "$d" && go mod tidy -e >&2)
+  log "building coredns $COREDNS_VERSION"
+  (cd "$d" && go build -trimpath -o "$bin/coredns" -ldflags "-s -w" .)
+}
+
 start=$(date +%s)
-if [[ ! ( -f "$stamp" && "$(cat "$stamp")" == "$want" ) ]]; then
+if stale "$stamp" "$want"; then
   build_actionlint
   build_kwok
   build_etcd
@@ -155,5 +194,11 @@ if [[ $need_node == 1 ]]; then
   build_containerd
   log "node binaries built in $(( $(date +%s) - start )) s"
   echo "$want_node" > "$node_stamp"
+fi
+if [[ $need_addons == 1 ]]; then
+  build_lws
+  build_coredns
+  log "node add-ons built in $(( $(date +%s) - start )) s"
+  echo "$want_addons" > "$addons_stamp"
 fi
 echo "$bin"

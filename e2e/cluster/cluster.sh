@@ -13,7 +13,8 @@
 #
 # PAGEDKUBE_E2E_NODE=real adds a real node (node.sh: kubelet, kube-proxy,
 # containerd, runc, CNI bridge) that runs pods for real from the images
-# images.sh builds; the kwok nodes stay, tainted kwok.x-k8s.io/node=fake:NoSchedule
+# images.sh builds, with CoreDNS as the pods' DNS, and the LeaderWorkerSet controller
+# (lws.sh: CRD, controller, webhooks); the kwok nodes stay, tainted kwok.x-k8s.io/node=fake:NoSchedule
 # so only pods that tolerate fakes land there. Its defaults: cluster pagedkube-node,
 # state /tmp/pagedkube-node-$UID (so it never collides with the kwok-only cluster).
 set -euo pipefail
@@ -104,7 +105,7 @@ EOF
   echo "$f"
 }
 
-# The real node joins (node.sh up is idempotent) and must be Ready.
+# The real node joins (node.sh up is idempotent) and must be Ready; then LWS (idempotent too).
 real_node() {
   local server node
   server="$(kubectl --kubeconfig "$kubeconfig" config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
@@ -114,10 +115,12 @@ real_node() {
     sleep 1
   done
   kubectl --kubeconfig "$kubeconfig" wait --for=condition=Ready "node/$node" --timeout 180s >&2
+  "$here/lws.sh" up "$state" "$kubeconfig" "$bin"
 }
 
 down() {
-  # the real node first: its kubelet must not see the API server go away mid-pod
+  # the LWS controller, then the real node: its kubelet must not see the API server go away mid-pod
+  "$here/lws.sh" down "$state"
   if [[ -d "$state/node" ]]; then
     # shellcheck source=versions.env source-path=SCRIPTDIR
     "$here/node.sh" down "$state" "$(source "$here/versions.env" && echo "${XDG_CACHE_HOME:-$HOME/.cache}/pagedkube/e2e/$K8S_VERSION/bin")"

@@ -3,7 +3,8 @@
 # kubelet and kube-proxy (built by build.sh from the same k8s.io/kubernetes),
 # containerd v2 (built by build.sh from github.com/containerd/containerd/v2) with
 # runc (Debian), the CNI bridge/host-local/portmap/loopback
-# plugins (Debian) on a pod CIDR, and the images from images.sh imported into
+# plugins (Debian) on a pod CIDR, CoreDNS (build.sh node) on the node's address as
+# the pods' cluster DNS (cluster.local: Services and LWS's pod names), and the images from images.sh imported into
 # containerd's k8s.io namespace (the pause image is containerd's sandbox_image,
 # so nothing is ever pulled). Needs root.
 #
@@ -40,7 +41,7 @@ need() {
   for c in runc iptables ip openssl; do
     command -v "$c" >/dev/null || missing+=("$c")
   done
-  for c in containerd containerd-shim-runc-v2 ctr kubelet kube-proxy; do
+  for c in containerd containerd-shim-runc-v2 ctr kubelet kube-proxy coredns; do
     [[ -x "$bin/$c" ]] || missing+=("$bin/$c (build.sh node)")
   done
   for p in bridge host-local loopback portmap; do [[ -x "$CNI_BIN/$p" ]] || missing+=("$CNI_BIN/$p"); done
@@ -125,8 +126,25 @@ EOF
       -CAcreateserial -days 30 -out "$dir/certs/kubelet-client.crt" 2>/dev/null
   fi
   kubeconfig_for kubelet "$dir/certs/kubelet-client.crt" "$dir/certs/kubelet-client.key"
-  # kube-proxy as the admin (kwokctl's single certificate): it only reads Services and EndpointSlices.
+  # kube-proxy and CoreDNS as the admin (kwokctl's single certificate): they only read Services,
+  # EndpointSlices (and CoreDNS Namespaces).
   kubeconfig_for kube-proxy "$pki/admin.crt" "$pki/admin.key"
+  kubeconfig_for coredns "$pki/admin.crt" "$pki/admin.key"
+  # The cluster's DNS on the node's address (kubelet's clusterDNS), as kube-dns would answer:
+  # Services, pods by hostname.subdomain (LWS_LEADER_ADDRESS), other names forwarded.
+  cat > "$dir/Corefile" <<EOF
+.:53 {
+    bind $ip
+    errors
+    cache 5
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $dir/coredns.kubeconfig coredns
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }
+    forward . /etc/resolv.conf
+}
+EOF
   cat > "$dir/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -154,6 +172,8 @@ localStorageCapacityIsolation: false
 serializeImagePulls: false
 podLogsDir: $dir/pod-logs
 resolvConf: /etc/resolv.conf
+clusterDNS: ["$ip"]
+clusterDomain: cluster.local
 EOF
   cat > "$dir/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -220,6 +240,7 @@ up() {
   start containerd "$dir/containerd.log" env PATH="$bin:$PATH" "$bin/containerd" --config "$dir/containerd.toml"
   wait_for containerd 60 ctr_ version
   import_images
+  start coredns "$dir/coredns.log" "$bin/coredns" -conf "$dir/Corefile"
   start kubelet "$dir/kubelet.log" "$bin/kubelet" --config "$dir/kubelet.yaml" \
     --kubeconfig "$dir/kubelet.kubeconfig" --root-dir "$dir/kubelet" --cert-dir "$dir/certs" \
     --hostname-override "$NODE_NAME" --node-ip "$ip" \
@@ -230,7 +251,7 @@ up() {
 
 down() {
   [[ -d "$dir" ]] || return 0
-  for p in kube-proxy kubelet; do stop "$p"; done
+  for p in kube-proxy kubelet coredns; do stop "$p"; done
   # Every pod sandbox and container, then containerd itself.
   if pid_alive "$dir/containerd.pid"; then
     local id

@@ -36,6 +36,12 @@ from pagedkube.operator.spec import LLMServiceSpec
 # A group's pods start together: the leader's store waits for the workers (engine
 # --distributed-timeout), so the workers need not wait for the leader to be ready.
 STARTUP_POLICY = "LeaderCreated"
+# A headless Service per group, named after its leader pod (NAME-engine-i), in which the workers find
+# their leader: LWS_LEADER_ADDRESS is NAME-engine-i.NAME-engine-i.NAMESPACE. Not LWS's default, Shared:
+# its one Service would be named after the LWS, NAME-engine, which is our engine Service; LWS then
+# creates none, and ours publishes ready leaders only, while a leader is ready only once its workers
+# have joined, which they cannot do without its address (seen on the e2e node: they never resolve it).
+SUBDOMAIN_POLICY = "UniquePerReplica"
 
 
 def engine_worker_pod(svc: LLMServiceSpec, model_cache_host_path: str = "") -> dict[str, Any]:
@@ -81,6 +87,7 @@ def build_engine_leader_worker_set(svc: LLMServiceSpec, secret_version: str = ""
             "replicas": svc.replicas,
             "startupPolicy": STARTUP_POLICY,
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": rolling},
+            "networkConfig": {"subdomainPolicy": SUBDOMAIN_POLICY},
             "leaderWorkerTemplate": {
                 "size": svc.engine.nodes_per_replica,
                 "restartPolicy": "RecreateGroupOnPodRestart",

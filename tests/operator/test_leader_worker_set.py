@@ -57,6 +57,8 @@ def test_a_multi_node_engine_is_a_leader_worker_set_instead_of_a_deployment() ->
     assert spec["startupPolicy"] == "LeaderCreated"
     assert spec["rolloutStrategy"] == {"type": "RollingUpdate",
                                        "rollingUpdateConfiguration": {"maxSurge": 0, "maxUnavailable": 1}}
+    # a Service per group (NAME-engine-i): LWS's shared one would be NAME-engine, our engine Service's name
+    assert spec["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
     template = spec["leaderWorkerTemplate"]
     assert template["size"] == 2 and template["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = template["leaderTemplate"], template["workerTemplate"]
