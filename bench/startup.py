@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_peers import free_port, stop  # noqa: E402
+from cpu_peers import free_port, stop
 
 
 def launch_to_ready(extra: list[str], threads: int, log: Path) -> float:

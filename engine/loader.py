@@ -41,7 +41,7 @@ from pagedkube.engine.config import QUANTIZATIONS
 from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
-from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES
+from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES, pack_gguf
 from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.gguf.weights import hf_name, hf_tensors, is_projection
@@ -49,7 +49,9 @@ from pagedkube.engine.quant.assemble import ProjectionWeights
 from pagedkube.engine.quant.calibrate import MEMORY_FACTOR, KernelCalibration, Shape
 from pagedkube.engine.quant.formats import dequantize
 from pagedkube.engine.quant.linear import QuantLinear
-from pagedkube.engine.quant.q4_fused import q4_ext
+from pagedkube.engine.quant.formats import Int8Weight
+from pagedkube.engine.quant.packed_vocab import pack_vocab
+from pagedkube.engine.quant.q4_fused import Q4Ops, q4_ext
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +224,12 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
         model.lm_head.weight = model.model.embed_tokens.weight
     if cfg.gguf_file is not None and gguf is None:
         gguf = GGUFFile(cfg.gguf_file)
-    calibration = None
+    calibration, fused = None, None
     if calibrate and method == "gguf" and device.type == "cpu" and gguf is not None:
         counts, file_bytes = calibrated_shapes(gguf, cfg)
+        fused = q4_ext(cache_root()) if dtype == torch.float32 else None
         if counts:
             world = shard.world_size if shard is not None else 1
-            fused = q4_ext(cache_root()) if dtype == torch.float32 else None
             calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes) // world, cache_root(),
                                             fused=fused)
     projections = None if method == "none" else ProjectionWeights(model, method, dtype, device, calibration)
@@ -247,11 +249,29 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
                     if not name.endswith(IGNORED_SUFFIXES):   # a rank reads only its part (ShardPlan.tensor)
                         sink.put(name, f.get_slice(name) if shard is not None else f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
+    if fused is not None and shard is None and gguf is not None:
+        _pack_vocab(model, gguf, cfg, fused)
     if projections is not None:
         log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else
                  f"auto ({method})", dict(projections.kernels))
     model.eval()
     return model
+
+
+def _pack_vocab(model: DecoderForCausalLM, gguf: GGUFFile, cfg: ModelConfig, ops: Q4Ops) -> None:
+    """The embedding and lm_head as the file's Q8_0 blocks (engine/quant/packed_vocab.py), when
+    the file stores them so; the dense copies the load made are dropped."""
+    types = gguf.tensor_types()
+    lm_name = "output.weight" if "output.weight" in types and not cfg.tie_word_embeddings else None
+    if types.get("token_embd.weight") != "Q8_0" or (lm_name is not None and types[lm_name] != "Q8_0"):
+        return
+    raw = {t.name: t for t in gguf.tensors() if t.name in ("token_embd.weight", lm_name)}
+    embed, lm_head = (None if name is None else pack_gguf(raw[name].raw, "Q8_0", raw[name].shape)
+                      for name in ("token_embd.weight", lm_name))
+    assert isinstance(embed, Int8Weight) and (lm_head is None or isinstance(lm_head, Int8Weight))
+    pack_vocab(model, embed, lm_head, ops)
+    log.info("%s: embeddings and lm_head kept as Q8_0 (%s), float32 arithmetic", gguf.path.name,
+             "tied, one copy" if lm_head is None else "two tensors")
 
 
 def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[str],
@@ -264,7 +284,7 @@ def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[s
         elif method != "gguf":
             why = f"(projections requantized as {method}; the rest to {dtype_name})"
         elif kind in PACKED_TYPES:
-            why = f"to {dtype_name}: embeddings and lm_head stay dense"
+            why = f"to {dtype_name} (then kept packed where the embeddings and lm_head can be, see below)"
         else:
             why = f"to {dtype_name}: no exact packed form"
         log.info("%s: %d %s tensor(s) dequantized %s", file, count, kind, why)

@@ -36,7 +36,8 @@ still fits (the decode one when nothing else does). Only the chosen kernels are 
 from the real weights, one layer at a time.
 
 The timings (never the choice, which also depends on the budget) are cached in
-<cache>/cpu-kernels.json keyed by CPU model, torch version, threads timed on (MEASURE_THREADS), activation dtype,
+<cache>/cpu-kernels.json keyed by CPU model and torch's vector level, torch version, threads timed on
+(MEASURE_THREADS), activation dtype,
 shape and candidate list, so a restart measures nothing; a corrupt file is ignored with
 a warning and rewritten.
 """
@@ -50,7 +51,6 @@ import tempfile
 import time
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
-from types import ModuleType
 from typing import Callable
 
 import torch
@@ -58,7 +58,7 @@ import torch
 from pagedkube.engine.cache_lock import cache_lock
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
 from pagedkube.engine.quant.linear import DenseKernel, Kernel, SplitKernel, int4pack_kernel, tinygemm_fits
-from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, q4_fused_kernel
+from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, Q4Ops, q4_fused_kernel
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def shape_of(w: QuantizedWeight) -> Shape:
     return Shape("int4" if isinstance(w, Int4Weight) else "int8", n, k, w.group_size)
 
 
-def candidates_for(shape: Shape, dtype: torch.dtype, fused: ModuleType | None = None) -> tuple[str, ...]:
+def candidates_for(shape: Shape, dtype: torch.dtype, fused: Q4Ops | None = None) -> tuple[str, ...]:
     """What the file's weights of this shape may run as under `dtype` activations; `fused`:
     our Q4 kernel's module (q4_fused.q4_ext), None where it is not built. Exact ones only
     when one of them is fast enough to serve with (the fused kernel): see the module's doc."""
@@ -127,7 +127,7 @@ def candidates_for(shape: Shape, dtype: torch.dtype, fused: ModuleType | None = 
     return tuple(names)
 
 
-def build(candidate: str, w: QuantizedWeight, fused: ModuleType | None = None) -> Kernel:
+def build(candidate: str, w: QuantizedWeight, fused: Q4Ops | None = None) -> Kernel:
     rep, act = candidate.split("-")
     act_dtype = ACT_DTYPES[act]
     if rep in Q4_OWN:
@@ -165,7 +165,7 @@ def _call_seconds(kernel: Kernel, x: torch.Tensor) -> float:
 
 
 def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
-            fused: ModuleType | None = None) -> dict[str, Timing]:
+            fused: Q4Ops | None = None) -> dict[str, Timing]:
     """Build each candidate for a synthetic weight of `shape` and time it with `dtype` activations.
 
     Each timing is the fastest single call. The candidates take turns, one call each per round,
@@ -182,7 +182,7 @@ def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
 
 
 def _measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
-             fused: ModuleType | None) -> dict[str, Timing]:
+             fused: Q4Ops | None) -> dict[str, Timing]:
     kernels = {c: build(c, synthetic_weight(shape), fused) for c in candidates}
     gen = torch.Generator().manual_seed(1)
     xs = (torch.randn(DECODE_ROWS, shape.k, generator=gen).to(dtype),
@@ -256,7 +256,8 @@ def cpu_model() -> str:
 
 
 def cache_key(shape: Shape, dtype: torch.dtype, candidates: tuple[str, ...]) -> str:
-    return (f"{cpu_model()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
+    """The CPU model with torch's vector level (ATEN_CPU_CAPABILITY can lower it: another class of kernels)."""
+    return (f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
             f"{str(dtype).removeprefix('torch.')}|{shape.kind} {shape.n}x{shape.k} g{shape.group_size}|"
             f"{','.join(candidates)}")
 
@@ -265,7 +266,7 @@ class KernelCalibration:
     """The measured kernel choice for one model's projections (engine/quant/assemble.py asks it)."""
 
     def __init__(self, counts: dict[Shape, int], dtype: torch.dtype, budget: int, cache_dir: Path,
-                 measure_fn: Measure | None = None, fused: ModuleType | None = None):
+                 measure_fn: Measure | None = None, fused: Q4Ops | None = None):
         """fused: our Q4 kernel's module (q4_fused.q4_ext), None where it could not be built."""
         self.dtype, self.budget, self.fused = dtype, budget, fused
         self.cache_path = Path(cache_dir) / CACHE_FILE

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -81,13 +82,54 @@ def _load_built(library: Path) -> ModuleType:
     return module
 
 
+@dataclass(frozen=True)
+class Q4Ops:
+    """The kernels as torch operators (torch.library custom ops with shape functions), so that
+    torch.compile's whole-step capture (engine/decode_capture.py, fullgraph) traces through them."""
+    q4_linear: Callable[..., torch.Tensor]
+    q4_dequantize: Callable[..., torch.Tensor]
+    q8_linear: Callable[..., torch.Tensor]
+
+
 @cache
-def q4_ext(cache_dir: Path) -> ModuleType | None:
-    """The built kernel module (built now if this cache lacks it); None where it cannot be built."""
+def _register(library: str) -> Q4Ops:
+    """Once per process (an operator name is registered once): backed by the first library loaded."""
+    ext = _load_built(Path(library))
+
+    @torch.library.custom_op("pagedkube::q4_linear", mutates_args=())
+    def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        return ext.q4_linear(x, qweight, scales, mins)
+
+    @q4_linear.register_fake
+    def _(x, qweight, scales, mins):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    @torch.library.custom_op("pagedkube::q4_dequantize", mutates_args=())
+    def q4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        return ext.q4_dequantize(qweight, scales, mins)
+
+    @q4_dequantize.register_fake
+    def _(qweight, scales, mins):
+        return scales.new_empty((qweight.shape[0], qweight.shape[1] * 2))
+
+    @torch.library.custom_op("pagedkube::q8_linear", mutates_args=())
+    def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return ext.q8_linear(x, qweight, scales)
+
+    @q8_linear.register_fake
+    def _(x, qweight, scales):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    return Q4Ops(q4_linear, q4_dequantize, q8_linear)
+
+
+@cache
+def q4_ext(cache_dir: Path) -> Q4Ops | None:
+    """The built kernels (built now if this cache lacks them); None where they cannot be built."""
     build_dir = _build_dir(cache_dir)
     library = build_dir / f"{EXT_NAME}.so"
     if library.is_file():
-        return _load_built(library)
+        return _register(str(library))
     if not _toolchain():
         log.warning("no C++ toolchain (c++, ninja, Python headers): the exact float32 Q4 kernel is not built")
         return None
@@ -95,7 +137,7 @@ def q4_ext(cache_dir: Path) -> ModuleType | None:
 
     with cache_lock(build_dir.with_name(build_dir.name + ".lock"), "building the Q4 CPU kernel"):
         if library.is_file():
-            return _load_built(library)
+            return _register(str(library))
         start = time.perf_counter()
         build_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -104,7 +146,7 @@ def q4_ext(cache_dir: Path) -> ModuleType | None:
             log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
             return None
         log.info("built the exact float32 Q4 CPU kernel in %.1f s (%s)", time.perf_counter() - start, build_dir)
-    return _load_built(library)
+    return _register(str(library))
 
 
 def q4_fits(w: Int4Weight) -> bool:
@@ -115,7 +157,7 @@ def q4_fits(w: Int4Weight) -> bool:
 class Q4FusedKernel:
     """y = x W^T in float32 from the weight's own packed codes, scales and mins (no copy)."""
     weight: Int4Weight
-    ext: ModuleType
+    ext: Q4Ops
     name = "q4fused"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +170,7 @@ class Q4DequantKernel:
     """For prefill-sized batches: W dequantized to float32 for this call only (exact, no copy
     kept), then a float32 matmul (oneDNN's, faster than q4_linear's tiles at many rows)."""
     weight: Int4Weight
-    ext: ModuleType
+    ext: Q4Ops
     name = "q4dequant"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +178,7 @@ class Q4DequantKernel:
         return F.linear(x.float(), self.ext.q4_dequantize(w.qweight, w.scales, w.mins)).to(x.dtype)
 
 
-def q4_fused_kernel(w: Int4Weight, ext: ModuleType, dequant: bool = False) -> Q4FusedKernel | Q4DequantKernel:
+def q4_fused_kernel(w: Int4Weight, ext: Q4Ops, dequant: bool = False) -> Q4FusedKernel | Q4DequantKernel:
     """dequant: the per-call dequantize-then-matmul form (Q4DequantKernel)."""
     assert q4_fits(w), w.group_size
     weight = Int4Weight(w.qweight.contiguous(), w.scales.contiguous(), w.mins.contiguous(), w.group_size)

@@ -211,8 +211,12 @@ def test_auto_calibrates_with_and_without_the_exact_kernel(cache_dir, monkeypatc
         assert candidates <= calibrate.EXACT and not warned
         assert _kernels(runner) <= {"Q4FusedKernel", "Q4DequantKernel", "Int4PackKernel", "DenseKernel",
                                     "SplitKernel"}
+        from pagedkube.engine.quant.packed_vocab import PackedEmbedding, PackedLMHead   # the file's Q8_0
+        assert isinstance(runner.model.lm_head, PackedLMHead)
+        assert isinstance(runner.model.model.embed_tokens, PackedEmbedding)
     else:
         assert "int4-bf16" in candidates and "q4fused-f32" not in candidates
+        assert isinstance(runner.model.lm_head, torch.nn.Linear)     # dense float32, as loaded
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pagedkube.engine.quant.calibrate"):
         again = _runner()

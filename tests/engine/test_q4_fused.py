@@ -90,3 +90,25 @@ def test_without_a_toolchain_there_is_no_kernel_and_a_warning(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.q4_fused"):
         assert q4_fused.q4_ext(tmp_path) is None
     assert any("no C++ toolchain" in r.getMessage() for r in caplog.records)
+
+
+def test_q8_0_lm_head_and_embedding_compute_the_reference(ext):
+    from pagedkube.engine.quant.packed_vocab import PackedEmbedding, PackedLMHead
+    w = _gguf_weight_q8(200, 576)
+    ref_w = dequantize(w)
+    head, embed = PackedLMHead(w, ext), PackedEmbedding(w)
+    for rows in (1, 3, 9):
+        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+        expected = x.double() @ ref_w.double().T
+        assert float((head(x).double() - expected).abs().max() / expected.abs().max()) < 1e-5
+    ids = torch.tensor([0, 199, 7, 7])
+    assert torch.equal(embed(ids), ref_w[ids])                    # int8 x fp16 scale: exact in float32
+
+
+def _gguf_weight_q8(n: int, k: int):
+    import gguf
+    import numpy as np
+    from gguf_factory import _encode
+    rng = np.random.default_rng(0)
+    raw, _ = _encode(gguf, rng.normal(0, 0.05, size=(n, k)), "Q8_0", rng)
+    return pack_gguf(raw, "Q8_0", (n, k))
