@@ -4,7 +4,7 @@
 
 Each round starts a fresh server process (warm caches: the GGUF conversion, the kernel
 timings and the built Q4 kernel are made by the first start and reused), polls every 50 ms
-until /v1/models answers 200, and stops it; the server's own log lines give where the time
+until /v1/models answers 200 (and reads the resident memory of its process tree then), and stops it; the server's own log lines give where the time
 went (its timestamps). Prints each round, the best and the median, with the load average
 before and after: on a shared machine compare runs made together.
 Record in docs/benchmarks.md, "Start-up".
@@ -26,7 +26,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cpu_peers import free_port, stop
 
 
-def launch_to_ready(extra: list[str], threads: int, log: Path) -> float:
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of the server and its children (the engine core runs in its own process)."""
+    import psutil
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+
+
+def launch_to_ready(extra: list[str], threads: int, log: Path) -> tuple[float, float]:
+    """(seconds to the first 200, resident MiB then)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-P", "-m", "pagedkube", "serve", "--port", str(port), *extra]
@@ -36,7 +44,7 @@ def launch_to_ready(extra: list[str], threads: int, log: Path) -> float:
         while proc.poll() is None:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    return time.monotonic() - start
+                    return time.monotonic() - start, tree_rss_mib(proc.pid)
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
@@ -55,8 +63,9 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}, load average before {os.getloadavg()[0]:.2f}, logs in {logdir}")
     seconds = []
     for i in range(args.rounds):
-        seconds.append(launch_to_ready(args.extra, args.threads, logdir / f"round{i}.log"))
-        print(f"round {i}: {seconds[-1]:.2f} s (load {os.getloadavg()[0]:.2f})", flush=True)
+        took, rss = launch_to_ready(args.extra, args.threads, logdir / f"round{i}.log")
+        seconds.append(took)
+        print(f"round {i}: {took:.2f} s, {rss:.0f} MiB resident at ready (load {os.getloadavg()[0]:.2f})", flush=True)
     print(f"best {min(seconds):.2f} s, median {statistics.median(seconds):.2f} s; "
           f"load average after {os.getloadavg()[0]:.2f}")
 

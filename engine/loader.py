@@ -284,7 +284,7 @@ def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[s
         elif method != "gguf":
             why = f"(projections requantized as {method}; the rest to {dtype_name})"
         elif kind in PACKED_TYPES:
-            why = f"to {dtype_name} (then kept packed where the embeddings and lm_head can be, see below)"
+            why = f"to {dtype_name}: embeddings and lm_head, dense unless a line below says they stay packed"
         else:
             why = f"to {dtype_name}: no exact packed form"
         log.info("%s: %d %s tensor(s) dequantized %s", file, count, kind, why)
