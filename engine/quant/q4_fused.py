@@ -91,10 +91,20 @@ class Q4Ops:
     q8_linear: Callable[..., torch.Tensor]
 
 
-@cache
-def _register(library: str) -> Q4Ops:
+def _registered() -> Q4Ops | None:
+    """The operators if this process registered them already (from any cache's library)."""
+    ns = torch.ops.pagedkube
+    if not all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear")):
+        return None
+    return Q4Ops(ns.q4_linear, ns.q4_dequantize, ns.q8_linear)
+
+
+def _register(library: Path) -> Q4Ops:
     """Once per process (an operator name is registered once): backed by the first library loaded."""
-    ext = _load_built(Path(library))
+    done = _registered()
+    if done is not None:
+        return done
+    ext = _load_built(library)
 
     @torch.library.custom_op("pagedkube::q4_linear", mutates_args=())
     def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -129,7 +139,10 @@ def q4_ext(cache_dir: Path) -> Q4Ops | None:
     build_dir = _build_dir(cache_dir)
     library = build_dir / f"{EXT_NAME}.so"
     if library.is_file():
-        return _register(str(library))
+        return _register(library)
+    done = _registered()          # built into another cache folder by this process
+    if done is not None:
+        return done
     if not _toolchain():
         log.warning("no C++ toolchain (c++, ninja, Python headers): the exact float32 Q4 kernel is not built")
         return None
@@ -137,7 +150,7 @@ def q4_ext(cache_dir: Path) -> Q4Ops | None:
 
     with cache_lock(build_dir.with_name(build_dir.name + ".lock"), "building the Q4 CPU kernel"):
         if library.is_file():
-            return _register(str(library))
+            return _register(library)
         start = time.perf_counter()
         build_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -146,7 +159,7 @@ def q4_ext(cache_dir: Path) -> Q4Ops | None:
             log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
             return None
         log.info("built the exact float32 Q4 CPU kernel in %.1f s (%s)", time.perf_counter() - start, build_dir)
-    return _register(str(library))
+    return _register(library)
 
 
 def q4_fits(w: Int4Weight) -> bool:

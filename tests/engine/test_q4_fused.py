@@ -87,6 +87,7 @@ def test_a_second_start_loads_the_built_library_without_building(ext, tmp_path, 
 
 def test_without_a_toolchain_there_is_no_kernel_and_a_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(q4_fused, "_toolchain", lambda: False)
+    monkeypatch.setattr(q4_fused, "_registered", lambda: None)     # as in a fresh process
     with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.q4_fused"):
         assert q4_fused.q4_ext(tmp_path) is None
     assert any("no C++ toolchain" in r.getMessage() for r in caplog.records)
