@@ -41,7 +41,7 @@ from pagedkube.engine.config import QUANTIZATIONS
 from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
-from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES
+from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES, pack_gguf
 from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.gguf.weights import hf_name, hf_tensors, is_projection
@@ -49,49 +49,31 @@ from pagedkube.engine.quant.assemble import ProjectionWeights
 from pagedkube.engine.quant.calibrate import MEMORY_FACTOR, KernelCalibration, Shape
 from pagedkube.engine.quant.formats import dequantize
 from pagedkube.engine.quant.linear import QuantLinear
+from pagedkube.engine.quant.formats import Int8Weight
+from pagedkube.engine.quant.packed_vocab import pack_vocab
+from pagedkube.engine.quant.q4_fused import Q4Ops, q4_ext
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Used on CUDA when dtype is "auto" and the checkpoint does not say (the usual release dtype).
 DEFAULT_CUDA_DTYPE = "bfloat16"
-# /proc/cpuinfo flags of CPUs with bf16 dot-product instructions (Intel Cooper Lake+/Sapphire
-# Rapids AMX, AMD Zen 4+): oneDNN runs bf16 matmuls natively there, and emulates them elsewhere.
-CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # precomputed tables some old checkpoints carry
 FLOAT_GGML_TYPES = ("F32", "F16", "BF16")
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether the CPU multiplies bf16 in hardware (x86 AVX512_BF16 or AMX-BF16, as Linux's
-    /proc/cpuinfo flags name them); False where that file does not exist."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-    return bool(flags & CPU_BF16_FLAGS)
-
-
-def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig, quantized: bool = False,
-                  native_bf16: bool | None = None) -> torch.dtype:
+def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
     """The activation (and KV cache) dtype. "auto":
     - CUDA: the checkpoint's torch_dtype (bfloat16 when it does not say; float16 without bf16);
-    - CPU, quantized weights, a CPU with native bf16: bfloat16. torch's packed int8/int4 CPU
-      matmuls are 5-30x faster with bf16 activations than with float32 ones (docs/benchmarks.md,
-      "Activation dtype on CPU");
-    - CPU otherwise: float32. A float model in float32 computes what Hugging Face's float32
-      reference computes, token for token; bf16 is faster here too but changes outputs, so it
-      is asked for with dtype "bfloat16" rather than given silently.
-    `native_bf16` None = detected (cpu_has_native_bf16)."""
+    - CPU: float32, quantized weights or not, whatever the CPU's bf16 instructions. Measured on
+      the default model (docs/benchmarks.md "Fidelity per component"): bf16 in the residual
+      stream, the norms, the KV cache or the embeddings each costs greedy agreement with the
+      float32 reference (0.86-0.94 alone, 0.64 with bf16 projection kernels), where the
+      projections' exact float32 Q4 kernel (engine/quant/q4_fused.py) keeps it at 1.0.
+      bf16 is faster on CPUs with native bf16, so it is asked for with dtype "bfloat16"
+      rather than given silently."""
     if requested == "auto":
         if device.type == "cpu":
-            if quantized and (cpu_has_native_bf16() if native_bf16 is None else native_bf16):
-                return torch.bfloat16
             return torch.float32
         name = cfg.torch_dtype or DEFAULT_CUDA_DTYPE
         if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -242,12 +224,14 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
         model.lm_head.weight = model.model.embed_tokens.weight
     if cfg.gguf_file is not None and gguf is None:
         gguf = GGUFFile(cfg.gguf_file)
-    calibration = None
+    calibration, fused = None, None
     if calibrate and method == "gguf" and device.type == "cpu" and gguf is not None:
         counts, file_bytes = calibrated_shapes(gguf, cfg)
+        fused = q4_ext(cache_root()) if dtype == torch.float32 else None
         if counts:
             world = shard.world_size if shard is not None else 1
-            calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes) // world, cache_root())
+            calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes) // world, cache_root(),
+                                            fused=fused)
     projections = None if method == "none" else ProjectionWeights(model, method, dtype, device, calibration)
     sink = _Sink(model, cfg, projections, shard)
     if gguf is not None:
@@ -265,11 +249,29 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
                     if not name.endswith(IGNORED_SUFFIXES):   # a rank reads only its part (ShardPlan.tensor)
                         sink.put(name, f.get_slice(name) if shard is not None else f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
+    if fused is not None and shard is None and gguf is not None:
+        _pack_vocab(model, gguf, cfg, fused)
     if projections is not None:
         log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else
                  f"auto ({method})", dict(projections.kernels))
     model.eval()
     return model
+
+
+def _pack_vocab(model: DecoderForCausalLM, gguf: GGUFFile, cfg: ModelConfig, ops: Q4Ops) -> None:
+    """The embedding and lm_head as the file's Q8_0 blocks (engine/quant/packed_vocab.py), when
+    the file stores them so; the dense copies the load made are dropped."""
+    types = gguf.tensor_types()
+    lm_name = "output.weight" if "output.weight" in types and not cfg.tie_word_embeddings else None
+    if types.get("token_embd.weight") != "Q8_0" or (lm_name is not None and types[lm_name] != "Q8_0"):
+        return
+    raw = {t.name: t for t in gguf.tensors() if t.name in ("token_embd.weight", lm_name)}
+    embed, lm_head = (None if name is None else pack_gguf(raw[name].raw, "Q8_0", raw[name].shape)
+                      for name in ("token_embd.weight", lm_name))
+    assert isinstance(embed, Int8Weight) and (lm_head is None or isinstance(lm_head, Int8Weight))
+    pack_vocab(model, embed, lm_head, ops)
+    log.info("%s: embeddings and lm_head kept as Q8_0 (%s), float32 arithmetic", gguf.path.name,
+             "tied, one copy" if lm_head is None else "two tensors")
 
 
 def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[str],
@@ -282,7 +284,7 @@ def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[s
         elif method != "gguf":
             why = f"(projections requantized as {method}; the rest to {dtype_name})"
         elif kind in PACKED_TYPES:
-            why = f"to {dtype_name}: embeddings and lm_head stay dense"
+            why = f"to {dtype_name}: embeddings and lm_head, dense unless a line below says they stay packed"
         else:
             why = f"to {dtype_name}: no exact packed form"
         log.info("%s: %d %s tensor(s) dequantized %s", file, count, kind, why)

@@ -214,7 +214,7 @@ class ModelRunner:
         # one parse of a GGUF file serves the type check and the load (gguf-py's reader takes seconds)
         gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
         quantized = serves_quantized_weights(config, self.model_config, gguf)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config, quantized=quantized)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, pack_int4
+from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight
 
 BLOCK_VALUES = 32          # Q8_0/Q4_0/Q4_1 values per block, and Q4_K's sub-block
 Q4_K_VALUES = 256          # QK_K
@@ -50,8 +50,12 @@ def _nibbles_split(qs: np.ndarray) -> np.ndarray:
 
 
 def _int4(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray, n: int, k: int) -> Int4Weight:
-    q = torch.from_numpy(np.ascontiguousarray(codes.reshape(n, k), dtype=np.uint8))
-    return Int4Weight(qweight=pack_int4(q).contiguous(),
+    # formats.pack_int4's layout (two codes a byte, low nibble first), in numpy: 10x faster than
+    # its torch form on these strided uint8 views (3.4 s of the default model's load); the codes
+    # are nibbles already, so its range check has nothing to find
+    pairs = codes.reshape(n, k // 2, 2)
+    packed = np.ascontiguousarray(pairs[..., 0] | (pairs[..., 1] << 4), dtype=np.uint8)
+    return Int4Weight(qweight=torch.from_numpy(packed),
                       scales=torch.from_numpy(np.ascontiguousarray(scales.reshape(n, -1), dtype=np.float32)),
                       mins=torch.from_numpy(np.ascontiguousarray(mins.reshape(n, -1), dtype=np.float32)),
                       group_size=BLOCK_VALUES)

@@ -1,4 +1,7 @@
-"""One GGUF file: its metadata, and its tensors one at a time (the `gguf` package reads it).
+"""One GGUF file: its metadata, and its tensors one at a time.
+
+The header is read in bulk by engine/gguf/header.py (what gguf-py's GGUFReader gives, in
+milliseconds rather than seconds); the `gguf` package dequantizes the types we do not keep packed.
 
 The per-tensor seam every weight path goes through:
 
@@ -13,9 +16,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
+
+from pagedkube.engine.gguf.header import read_header
 
 # The ggml types we load, dequantized by gguf.quants (issue 16's list). The others in
 # GGMLQuantizationType (Q2_K, IQ*, TQ*, ...) are refused by name rather than half-supported.
@@ -42,31 +47,26 @@ class GGUFTensor:
 class GGUFFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        sizes = {t.name: v for t, v in _gguf().GGML_QUANT_SIZES.items()}
         try:
-            self._reader = _gguf().GGUFReader(str(self.path), "r")
+            self.metadata, self._tensors = read_header(self.path, sizes)
         except (ValueError, OSError) as e:
             raise ValueError(f"cannot read GGUF file {str(self.path)!r}: {e}") from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
-            if key.startswith("GGUF."):
-                continue
-            self.metadata[key] = field.contents()
 
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
 
     def tensor_types(self) -> dict[str, str]:
-        return {t.name: t.tensor_type.name for t in self._reader.tensors}
+        return {t.name: t.ggml_type for t in self._tensors}
 
     def tensor_bytes(self) -> dict[str, int]:
         """name -> the bytes the file stores for it."""
-        return {t.name: int(t.n_bytes) for t in self._reader.tensors}
+        return {t.name: t.n_bytes for t in self._tensors}
 
     def tensors(self) -> Iterator[GGUFTensor]:
-        for t in self._reader.tensors:
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            yield GGUFTensor(name=t.name, ggml_type=t.tensor_type.name, shape=shape, raw=t.data)
+        for t in self._tensors:
+            yield GGUFTensor(name=t.name, ggml_type=t.ggml_type, shape=tuple(reversed(t.dims)), raw=t.data)
 
     def check_types(self) -> None:
         bad = sorted({f"{name} ({kind})" for name, kind in self.tensor_types().items() if kind not in SUPPORTED_TYPES})

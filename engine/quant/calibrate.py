@@ -8,15 +8,25 @@ each distinct projection (kind, N, K) of the model, each candidate the file's we
 allow is built once from a synthetic weight of that shape and timed at a decode batch
 (DECODE_ROWS) and a prefill batch (PREFILL_ROWS), the candidates taking turns (`measure`):
 
-    candidate     weight kept as                      activations in the kernel
-    int4-bf16     tinygemm's packed int4 (exact Q4)   bf16 (x cast around it under float32)
-    int4-f32      tinygemm's packed int4              float32
-    dense-bf16    bf16 (Q4 values rounded to bf16)    bf16
-    dense-f32     float32 (Q4 values exactly)         float32
+    candidate     weight kept as                      activations in the kernel     exact
+    q4fused-f32   the file's Q4 codes, scales, mins   float32 (engine/quant/q4_fused.py)  yes
+    q4deq-f32     the same tensors (no second copy)   float32: W dequantized per call,
+                                                      then a float32 matmul          yes
+    int4-f32      tinygemm's packed int4              float32                        yes
+    dense-f32     float32 (Q4 values exactly)         float32                        yes
+    int4-bf16     tinygemm's packed int4              bf16 (x cast around it; scales,
+                                                      zeros and output in bf16 too)  no
+    dense-bf16    bf16 (Q4 values rounded to bf16)    bf16                           no
 
-int8 requantization of a Q4 file is not a candidate: it adds its own rounding on top of
-the file's (tests/engine/test_quant_quality.py: agreement 0.57 against 0.66 for the
-file's own Q4_1). f32 candidates exist only under float32 activations.
+Exact candidates compute the float32 reference's numbers (the file's weights dequantized,
+float32 arithmetic) up to summation order; the others round to bf16 on the way, which on
+the default model costs a third of the greedy agreement with that reference (docs/benchmarks.md
+"Fidelity per component"). So fidelity comes first: where our fused kernel is built, only
+exact candidates are timed; where it is not (no C++ toolchain), the bf16 ones are let in
+too, since the exact alternatives are 25-50x slower (int4-f32) or 6x the memory (dense-f32),
+and a WARNING says what that costs. int8 requantization of a Q4 file is never a candidate:
+it adds its own rounding on top of the file's (tests/engine/test_quant_quality.py). f32
+candidates exist only under float32 activations.
 
 `plan` then picks, per shape, the decode kernel and the prefill kernel under a memory
 budget (MEMORY_FACTOR x the file's projection bytes): it starts from the smallest
@@ -26,7 +36,8 @@ still fits (the decode one when nothing else does). Only the chosen kernels are 
 from the real weights, one layer at a time.
 
 The timings (never the choice, which also depends on the budget) are cached in
-<cache>/cpu-kernels.json keyed by CPU model, torch version, threads timed on (MEASURE_THREADS), activation dtype,
+<cache>/cpu-kernels.json keyed by CPU model and torch's vector level, torch version, threads timed on
+(MEASURE_THREADS), activation dtype,
 shape and candidate list, so a restart measures nothing; a corrupt file is ignored with
 a warning and rewritten.
 """
@@ -47,10 +58,16 @@ import torch
 from pagedkube.engine.cache_lock import cache_lock
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
 from pagedkube.engine.quant.linear import DenseKernel, Kernel, SplitKernel, int4pack_kernel, tinygemm_fits
+from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, Q4Ops, q4_fused_kernel
 
 log = logging.getLogger(__name__)
 
-CANDIDATES = ("int4-bf16", "int4-f32", "dense-bf16", "dense-f32")
+CANDIDATES = ("q4fused-f32", "q4deq-f32", "int4-bf16", "int4-f32", "dense-bf16", "dense-f32")
+EXACT = frozenset({"q4fused-f32", "q4deq-f32", "int4-f32", "dense-f32"})   # float32 arithmetic on the file's values
+Q4_OWN = ("q4fused", "q4deq")       # our kernels: one weight serves both (a prefill one costs no bytes)
+# What the bf16 candidates cost on the default model (SmolLM2 Q4_1, 32 chats x 32 greedy tokens,
+# tests/engine/test_quant_quality.py), said in the warning when they have to be let in.
+BF16_FIDELITY = "greedy agreement with the float32 reference 0.66-0.84 instead of 1.0 on the default model"
 DECODE_ROWS = 1           # one decoding sequence: the weights are read once per token
 PREFILL_ROWS = 64         # a prompt chunk, or a decode batch of many sequences
 MAX_DECODE_ROWS = 8       # the geometric middle of the two: fewer rows run the decode kernel
@@ -96,16 +113,26 @@ def shape_of(w: QuantizedWeight) -> Shape:
     return Shape("int4" if isinstance(w, Int4Weight) else "int8", n, k, w.group_size)
 
 
-def candidates_for(shape: Shape, dtype: torch.dtype) -> tuple[str, ...]:
-    """What the file's weights of this shape may run as under `dtype` activations."""
+def candidates_for(shape: Shape, dtype: torch.dtype, fused: Q4Ops | None = None) -> tuple[str, ...]:
+    """What the file's weights of this shape may run as under `dtype` activations; `fused`:
+    our Q4 kernel's module (q4_fused.q4_ext), None where it is not built. Exact ones only
+    when one of them is fast enough to serve with (the fused kernel): see the module's doc."""
     fits_int4 = shape.kind == "int4" and shape.group_size in (32, 64, 128, 256) and shape.n % 16 == 0
-    names = [c for c in CANDIDATES if fits_int4 or not c.startswith("int4")]
-    return tuple(c for c in names if dtype == torch.float32 or not c.endswith("-f32"))
+    fits_fused = fused is not None and shape.kind == "int4" and shape.group_size == Q4_FUSED_GROUP
+    names = [c for c in CANDIDATES if (c.startswith("int4") and fits_int4) or (c.startswith(Q4_OWN) and fits_fused)
+             or c.startswith("dense")]
+    names = [c for c in names if dtype == torch.float32 or not c.endswith("-f32")]
+    if fits_fused and dtype == torch.float32:
+        names = [c for c in names if c in EXACT]
+    return tuple(names)
 
 
-def build(candidate: str, w: QuantizedWeight) -> Kernel:
+def build(candidate: str, w: QuantizedWeight, fused: Q4Ops | None = None) -> Kernel:
     rep, act = candidate.split("-")
     act_dtype = ACT_DTYPES[act]
+    if rep in Q4_OWN:
+        assert isinstance(w, Int4Weight) and fused is not None, candidate
+        return q4_fused_kernel(w, fused, dequant=rep == "q4deq")
     if rep == "int4":
         assert isinstance(w, Int4Weight) and tinygemm_fits(w), candidate
         return int4pack_kernel(w, act_dtype)
@@ -114,7 +141,9 @@ def build(candidate: str, w: QuantizedWeight) -> Kernel:
 
 def kernel_bytes(kernel: Kernel) -> int:
     values = [getattr(kernel, f.name) for f in fields(kernel)]
-    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+    tensors = [t for v in values for t in ([getattr(v, f.name) for f in fields(v)] if isinstance(v, (Int4Weight, Int8Weight))
+                                           else [v])]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def synthetic_weight(shape: Shape) -> QuantizedWeight:
@@ -135,7 +164,8 @@ def _call_seconds(kernel: Kernel, x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
+def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
+            fused: Q4Ops | None = None) -> dict[str, Timing]:
     """Build each candidate for a synthetic weight of `shape` and time it with `dtype` activations.
 
     Each timing is the fastest single call. The candidates take turns, one call each per round,
@@ -146,13 +176,14 @@ def measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> di
     threads = torch.get_num_threads()
     torch.set_num_threads(MEASURE_THREADS)
     try:
-        return _measure(shape, candidates, dtype)
+        return _measure(shape, candidates, dtype, fused)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
-    kernels = {c: build(c, synthetic_weight(shape)) for c in candidates}
+def _measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
+             fused: Q4Ops | None) -> dict[str, Timing]:
+    kernels = {c: build(c, synthetic_weight(shape), fused) for c in candidates}
     gen = torch.Generator().manual_seed(1)
     xs = (torch.randn(DECODE_ROWS, shape.k, generator=gen).to(dtype),
           torch.randn(PREFILL_ROWS, shape.k, generator=gen).to(dtype))
@@ -201,12 +232,17 @@ def plan(counts: dict[Shape, int], timings: dict[Shape, dict[str, Timing]], budg
     for s in sorted(timings, key=lambda s: (-counts[s] * timings[s][decode[s]].prefill_s, s)):
         prefill = decode[s]
         for c, t in sorted(timings[s].items(), key=lambda item: (item[1].prefill_s, item[0])):
-            extra = 0 if c == decode[s] else counts[s] * t.bytes
+            extra = 0 if same_weight(c, decode[s]) else counts[s] * t.bytes
             if used + extra <= budget:
                 prefill, used = c, used + extra
                 break
         choices[s] = Choice(decode[s], prefill)
     return choices
+
+
+def same_weight(a: str, b: str) -> bool:
+    """Whether two candidates run from one copy of the weight."""
+    return a == b or (a.startswith(Q4_OWN) and b.startswith(Q4_OWN))
 
 
 def cpu_model() -> str:
@@ -220,7 +256,8 @@ def cpu_model() -> str:
 
 
 def cache_key(shape: Shape, dtype: torch.dtype, candidates: tuple[str, ...]) -> str:
-    return (f"{cpu_model()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
+    """The CPU model with torch's vector level (ATEN_CPU_CAPABILITY can lower it: another class of kernels)."""
+    return (f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
             f"{str(dtype).removeprefix('torch.')}|{shape.kind} {shape.n}x{shape.k} g{shape.group_size}|"
             f"{','.join(candidates)}")
 
@@ -229,12 +266,16 @@ class KernelCalibration:
     """The measured kernel choice for one model's projections (engine/quant/assemble.py asks it)."""
 
     def __init__(self, counts: dict[Shape, int], dtype: torch.dtype, budget: int, cache_dir: Path,
-                 measure_fn: Measure = measure):
-        self.dtype, self.budget = dtype, budget
+                 measure_fn: Measure | None = None, fused: Q4Ops | None = None):
+        """fused: our Q4 kernel's module (q4_fused.q4_ext), None where it could not be built."""
+        self.dtype, self.budget, self.fused = dtype, budget, fused
         self.cache_path = Path(cache_dir) / CACHE_FILE
+        if measure_fn is None:
+            def measure_fn(shape: Shape, names: tuple[str, ...], dtype: torch.dtype) -> dict[str, Timing]:
+                return measure(shape, names, dtype, fused)
         start = time.perf_counter()
         keys = {shape: (names, cache_key(shape, dtype, names))
-                for shape in sorted(counts) for names in [candidates_for(shape, dtype)]}
+                for shape in sorted(counts) for names in [candidates_for(shape, dtype, fused)]}
         cache = self._read_cache()
         measured = 0
         if any(key not in cache for _, key in keys.values()):
@@ -251,13 +292,18 @@ class KernelCalibration:
         timings = {shape: {c: Timing(*cache[key][c]) for c in names} for shape, (names, key) in keys.items()}
         self.choices = plan(counts, timings, budget)
         self.used = sum(counts[s] * (timings[s][c.decode].bytes + (timings[s][c.prefill].bytes
-                                                                    if c.prefill != c.decode else 0))
+                                                                    if not same_weight(c.prefill, c.decode) else 0))
                         for s, c in self.choices.items())
         how = f"measured {measured} shape(s) in {time.perf_counter() - start:.1f} s" if measured else "cached"
         log.info("projection kernels chosen by measurement (%s, %s activations; %s): %s; %.0f of %.0f MiB",
                  how, str(dtype).removeprefix("torch."), self.cache_path,
                  "; ".join(f"{s} decode {c.decode} prefill {c.prefill}" for s, c in sorted(self.choices.items())),
                  self.used / 2**20, budget / 2**20)
+        inexact = sorted({c for choice in self.choices.values() for c in (choice.decode, choice.prefill)} - EXACT)
+        if inexact:
+            log.warning("projection kernels %s round activations and weights to bf16 (%s): the exact float32 Q4 "
+                        "kernel is %s; --quantization none --dtype float32 computes the reference", inexact,
+                        BF16_FIDELITY, "not built here" if fused is None else "not usable for these shapes")
 
     def kernel(self, w: QuantizedWeight) -> tuple[Kernel | None, str | None]:
         """The chosen kernel(s) for this weight and their name, e.g. "int4-bf16/dense-bf16"
@@ -265,10 +311,10 @@ class KernelCalibration:
         choice = self.choices.get(shape_of(w))
         if choice is None:
             return None, None
-        decode = build(choice.decode, w)
+        decode = build(choice.decode, w, self.fused)
         if choice.prefill == choice.decode:
             return decode, choice.decode
-        return SplitKernel(decode, build(choice.prefill, w), MAX_DECODE_ROWS), f"{choice.decode}/{choice.prefill}"
+        return SplitKernel(decode, build(choice.prefill, w, self.fused), MAX_DECODE_ROWS), f"{choice.decode}/{choice.prefill}"
 
     def _read_cache(self) -> dict[str, dict[str, list]]:
         try:

@@ -14,8 +14,10 @@ once at load and keeps only that:
 
 torch's CPU kernels pay only with bf16/fp16 activations (fp32 activations run 5-10x
 slower than a dense fp32 matmul; docs/benchmarks.md), so with fp32 activations the
-layer casts x to bf16 around the kernel and the result back: bf16's rounding of x
-(2^-9 relative) is far below the weights' own int8/int4 rounding.
+layer casts x to bf16 around the kernel and the result back. That rounds x, the scales
+and zeros and the output to bf16 (a third of the default model's greedy agreement with
+the float32 reference): the default path runs engine/quant/q4_fused.py's exact kernels
+instead, chosen by engine/quant/calibrate.py.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize, unpack_int4
+from pagedkube.engine.quant.q4_fused import Q4DequantKernel, Q4FusedKernel
 
 # group sizes tinygemm's CPU int4 kernel accepts (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
 TINYGEMM_GROUP_SIZES = (32, 64, 128, 256)
@@ -98,7 +101,7 @@ class TritonKernel:
         return self.fn(x, self.weight)
 
 
-Kernel = DenseKernel | Int8PackKernel | Int4PackKernel | SplitKernel | TritonKernel
+Kernel = DenseKernel | Int8PackKernel | Int4PackKernel | SplitKernel | TritonKernel | Q4FusedKernel | Q4DequantKernel
 
 
 def cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:

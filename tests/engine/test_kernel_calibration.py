@@ -2,8 +2,10 @@
 
 The plan and the cache are tested with timings given by a stand-in `measure` (the real
 one times real kernels, whose numbers no test may assert); the real measurement runs in
-the last tests, on the default model, in both activation classes: bf16 (a CPU with
-native bf16) and float32 (forced by saying the CPU has none).
+the last tests, on the default model, with our exact float32 Q4 kernel built (only exact
+candidates) and without it (the bf16 ones let in, with a warning). The CPU class (AVX-512
+bf16 or AVX2) is the process's: run under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+for the other.
 """
 from __future__ import annotations
 
@@ -61,6 +63,30 @@ def test_candidates_follow_the_activation_dtype_and_what_the_kernel_takes():
     assert calibrate.candidates_for(QKV, torch.bfloat16) == ("int4-bf16", "dense-bf16")
     assert calibrate.candidates_for(Shape("int4", 100, 576, 32), torch.float32) == ("dense-bf16", "dense-f32")
     assert calibrate.candidates_for(Shape("int8", 960, 576, 32), torch.bfloat16) == ("dense-bf16",)
+    # with our fused Q4 kernel built, float32 activations time exact candidates only
+    fused = object()
+    assert calibrate.candidates_for(QKV, torch.float32, fused) == ("q4fused-f32", "q4deq-f32", "int4-f32", "dense-f32")
+    assert calibrate.candidates_for(Shape("int4", 100, 576, 32), torch.float32, fused) == (
+        "q4fused-f32", "q4deq-f32", "dense-f32")
+    assert calibrate.candidates_for(QKV, torch.bfloat16, fused) == ("int4-bf16", "dense-bf16")
+    assert calibrate.candidates_for(Shape("int8", 960, 576, 32), torch.float32, fused) == ("dense-bf16", "dense-f32")
+
+
+def test_bf16_kernels_are_chosen_only_with_a_warning_that_says_the_cost(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.calibrate"):
+        KernelCalibration({QKV: 30}, torch.float32, 30_000, tmp_path, FakeMeasure())
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "['dense-bf16', 'int4-bf16']" in warnings[0]
+    assert calibrate.BF16_FIDELITY in warnings[0]
+    caplog.clear()
+    exact = {QKV: {"q4fused-f32": (40e-6, 6e-3, 120), "q4deq-f32": (140e-6, 5e-4, 120),
+                   "int4-f32": (900e-6, 9e-3, 120), "dense-f32": (30e-6, 4e-4, 800)}}
+    with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.calibrate"):
+        cal = KernelCalibration({QKV: 30}, torch.float32, 6_000, tmp_path,
+                                lambda shape, names, dtype: {c: Timing(*exact[shape][c]) for c in names}, object())
+    # one copy of the weight serves both of our kernels: the prefill one costs no budget
+    assert cal.choices == {QKV: Choice("q4fused-f32", "q4deq-f32")} and cal.used == 30 * 120
+    assert not caplog.records
 
 
 def test_calibration_is_deterministic_given_its_cache_file(tmp_path):
@@ -134,6 +160,9 @@ def cache_dir(tmp_path, monkeypatch):
     gguf = cache_root() / "gguf"
     if gguf.is_dir():
         shutil.copytree(gguf, tmp_path / "gguf", symlinks=True)
+    from pagedkube.engine.quant.q4_fused import q4_ext
+    if q4_ext(cache_root()) is not None:        # built once in the user's cache, as the engine does
+        (tmp_path / "cpu-ext").symlink_to(cache_root() / "cpu-ext")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     return tmp_path
 
@@ -160,20 +189,34 @@ def test_explicit_flags_bypass_calibration(cache_dir, kw):
         assert _kernels(runner) == {"Int4PackKernel"}         # make_kernel's choice, unmeasured
 
 
-@pytest.mark.parametrize("native_bf16", [True, False])
-def test_auto_calibrates_in_both_activation_classes(cache_dir, monkeypatch, caplog, native_bf16):
+@pytest.mark.parametrize("built", [True, False])
+def test_auto_calibrates_with_and_without_the_exact_kernel(cache_dir, monkeypatch, caplog, built):
     _default_model_or_skip()
-    monkeypatch.setattr("pagedkube.engine.loader.cpu_has_native_bf16", lambda: native_bf16)
+    if built and not (cache_dir / "cpu-ext").exists():
+        pytest.skip("no C++ toolchain: the exact kernel cannot be built here")
+    if not built:
+        monkeypatch.setattr("pagedkube.engine.loader.q4_ext", lambda cache: None)
     with caplog.at_level(logging.INFO, logger="pagedkube.engine.quant.calibrate"):
         runner = _runner()
-    assert runner.dtype == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert runner.dtype == torch.float32             # whatever the CPU (engine/loader.py resolve_dtype)
     lines = [r.getMessage() for r in caplog.records if "chosen by measurement" in r.getMessage()]
     assert len(lines) == 1 and "measured 4 shape(s)" in lines[0]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "bf16" in r.getMessage()]
     entries = json.loads((cache_dir / CACHE_FILE).read_text())["entries"]
-    dtype = "bfloat16" if native_bf16 else "float32"
     assert sorted(k.split("|")[4] for k in entries) == [
         "int4 3072x576 g32", "int4 576x1536 g32", "int4 576x576 g32", "int4 960x576 g32"]
-    assert all(k.split("|")[3] == dtype for k in entries)
+    assert all(k.split("|")[3] == "float32" for k in entries)
+    candidates = {c for k in entries for c in k.split("|")[5].split(",")}
+    if built:
+        assert candidates <= calibrate.EXACT and not warned
+        assert _kernels(runner) <= {"Q4FusedKernel", "Q4DequantKernel", "Int4PackKernel", "DenseKernel",
+                                    "SplitKernel"}
+        from pagedkube.engine.quant.packed_vocab import PackedEmbedding, PackedLMHead   # the file's Q8_0
+        assert isinstance(runner.model.lm_head, PackedLMHead)
+        assert isinstance(runner.model.model.embed_tokens, PackedEmbedding)
+    else:
+        assert "int4-bf16" in candidates and "q4fused-f32" not in candidates
+        assert isinstance(runner.model.lm_head, torch.nn.Linear)     # dense float32, as loaded
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pagedkube.engine.quant.calibrate"):
         again = _runner()

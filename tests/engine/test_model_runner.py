@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from model_factory import FAMILIES, load_hf_model, make_tiny_model
 from pagedkube.engine.config import EngineConfig
-from pagedkube.engine.loader import cpu_has_native_bf16, resolve_dtype
+from pagedkube.engine.loader import resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.model_runner import DEFAULT_CPU_KV_BYTES, ModelRunner
 from pagedkube.engine.sampling_params import SamplingParams
@@ -228,21 +228,7 @@ def test_dtype_resolution():
     assert resolve_dtype("bfloat16", torch.device("cpu"), cfg) == torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         resolve_dtype("int8", torch.device("cpu"), cfg)
-    # Quantized weights want bf16 activations on a CPU that has bf16 instructions, only there.
-    cpu = torch.device("cpu")
-    assert resolve_dtype("auto", cpu, cfg, quantized=True, native_bf16=True) == torch.bfloat16
-    assert resolve_dtype("auto", cpu, cfg, quantized=True, native_bf16=False) == torch.float32
-    assert resolve_dtype("auto", cpu, cfg, quantized=False, native_bf16=True) == torch.float32
-    assert resolve_dtype("float32", cpu, cfg, quantized=True, native_bf16=True) == torch.float32  # --dtype wins
-    assert resolve_dtype("auto", torch.device("cuda"), cfg, quantized=True) == torch.float16
-
-
-def test_cpu_bf16_detection_reads_cpuinfo_flags():
-    zen4 = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
-    sapphire = "flags\t\t: avx512f amx_bf16 amx_tile\n"
-    old = "flags\t\t: fpu sse avx2 avx512f avx512_vnni\nbugs\t\t: avx512_bf16_missing\n"
-    assert cpu_has_native_bf16(zen4) and cpu_has_native_bf16(sapphire)
-    assert not cpu_has_native_bf16(old) and not cpu_has_native_bf16("")
+    assert resolve_dtype("float32", torch.device("cuda"), cfg) == torch.float32  # --dtype wins
 
 
 def test_bfloat16_runner_tracks_float32(tmp_path):
@@ -269,14 +255,14 @@ def test_bfloat16_runner_tracks_float32(tmp_path):
     ("F32", "auto", False),
     ("F32", "int8", True),        # requantized at load
 ])
-def test_auto_dtype_follows_packed_weights(tmp_path, kind, quantization, packed):
+def test_auto_dtype_is_float32_on_cpu_packed_weights_or_not(tmp_path, kind, quantization, packed):
+    """bf16 activations cost fidelity (docs/benchmarks.md "Fidelity per component"): never by default."""
     from gguf_factory import write_tiny_gguf
-    from pagedkube.engine.loader import cpu_has_native_bf16
     from pagedkube.engine.model_runner import serves_quantized_weights
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", "llama", kind)
     config = EngineConfig(model=str(path), device="cpu", quantization=quantization, num_kv_blocks=8,
                           attention_backend="torch")
     assert serves_quantized_weights(config, ModelConfig.from_pretrained(str(path))) is packed
     runner = ModelRunner(config)
-    assert runner.dtype == (torch.bfloat16 if packed and cpu_has_native_bf16() else torch.float32)
+    assert runner.dtype == torch.float32
     assert runner.kv_caches[0][0].dtype == runner.dtype

@@ -1,0 +1,198 @@
+"""Our own CPU kernel for 4-bit weights with float32 activations, exact to the file's numbers.
+
+torch's packed int4 CPU kernel is fast only with bf16 activations, and then rounds the
+activations, the scales and zeros, and its output to bf16: on the default model that alone
+costs a third of the greedy agreement with the float32 reference (docs/benchmarks.md,
+"Fidelity per component"). q4_linear.cpp instead dequantizes each output row of a Q4 weight
+(groups of 32 with a float32 scale and min) into float32 exactly as formats.dequantize does,
+and dots it with the activations in float32: the reference's numbers, in the order of a
+different summation only, at int4's memory traffic.
+
+It is C++ built at first use with torch's extension builder (g++, Python's headers, ninja;
+AVX2/FMA where the CPU has them), into <cache>/cpu-ext/<hash of source, flags, torch, python>/,
+under a lock so two engines build it once; later starts load the built library directly.
+Where it cannot be built, `q4_ext()` is None and the calibration goes without it (and says
+what that costs in fidelity).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from pagedkube.engine.cache_lock import cache_lock
+from pagedkube.engine.quant.formats import Int4Weight
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("q4_linear.cpp")
+GROUP_SIZE = 32                       # the kernel's group (GGUF's Q4_0/Q4_1, Q4_K's sub-blocks)
+EXT_NAME = "pagedkube_q4_linear"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cflags() -> list[str]:
+    flags = ["-O3", "-ffp-contract=off"]   # no fused multiply-add where the reference rounds twice
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def _toolchain() -> bool:
+    import sysconfig
+
+    return (shutil.which(os.environ.get("CXX", "c++")) is not None and shutil.which("ninja") is not None
+            and os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
+
+
+def _build_dir(cache_dir: Path) -> Path:
+    key = "|".join([SOURCE.read_text(), " ".join(_cflags()), torch.__version__, sys.version])
+    return cache_dir / "cpu-ext" / f"{EXT_NAME}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _load_built(library: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(EXT_NAME, str(library))
+    spec = importlib.util.spec_from_file_location(EXT_NAME, library, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Q4Ops:
+    """The kernels as torch operators (torch.library custom ops with shape functions), so that
+    torch.compile's whole-step capture (engine/decode_capture.py, fullgraph) traces through them."""
+    q4_linear: Callable[..., torch.Tensor]
+    q4_dequantize: Callable[..., torch.Tensor]
+    q8_linear: Callable[..., torch.Tensor]
+
+
+def _registered() -> Q4Ops | None:
+    """The operators if this process registered them already (from any cache's library)."""
+    ns = torch.ops.pagedkube
+    if not all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear")):
+        return None
+    return Q4Ops(ns.q4_linear, ns.q4_dequantize, ns.q8_linear)
+
+
+def _register(library: Path) -> Q4Ops:
+    """Once per process (an operator name is registered once): backed by the first library loaded."""
+    done = _registered()
+    if done is not None:
+        return done
+    ext = _load_built(library)
+
+    @torch.library.custom_op("pagedkube::q4_linear", mutates_args=())
+    def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        return ext.q4_linear(x, qweight, scales, mins)
+
+    @q4_linear.register_fake
+    def _(x, qweight, scales, mins):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    @torch.library.custom_op("pagedkube::q4_dequantize", mutates_args=())
+    def q4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        return ext.q4_dequantize(qweight, scales, mins)
+
+    @q4_dequantize.register_fake
+    def _(qweight, scales, mins):
+        return scales.new_empty((qweight.shape[0], qweight.shape[1] * 2))
+
+    @torch.library.custom_op("pagedkube::q8_linear", mutates_args=())
+    def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return ext.q8_linear(x, qweight, scales)
+
+    @q8_linear.register_fake
+    def _(x, qweight, scales):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    return Q4Ops(q4_linear, q4_dequantize, q8_linear)
+
+
+@cache
+def q4_ext(cache_dir: Path) -> Q4Ops | None:
+    """The built kernels (built now if this cache lacks them); None where they cannot be built."""
+    build_dir = _build_dir(cache_dir)
+    library = build_dir / f"{EXT_NAME}.so"
+    if library.is_file():
+        return _register(library)
+    done = _registered()          # built into another cache folder by this process
+    if done is not None:
+        return done
+    if not _toolchain():
+        log.warning("no C++ toolchain (c++, ninja, Python headers): the exact float32 Q4 kernel is not built")
+        return None
+    from torch.utils.cpp_extension import load
+
+    with cache_lock(build_dir.with_name(build_dir.name + ".lock"), "building the Q4 CPU kernel"):
+        if library.is_file():
+            return _register(library)
+        start = time.perf_counter()
+        build_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            load(EXT_NAME, [str(SOURCE)], extra_cflags=_cflags(), build_directory=str(build_dir), verbose=False)
+        except (RuntimeError, OSError) as e:     # a compiler error: serve without it, loudly
+            log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
+            return None
+        log.info("built the exact float32 Q4 CPU kernel in %.1f s (%s)", time.perf_counter() - start, build_dir)
+    return _register(library)
+
+
+def q4_fits(w: Int4Weight) -> bool:
+    return w.group_size == GROUP_SIZE
+
+
+@dataclass(frozen=True)
+class Q4FusedKernel:
+    """y = x W^T in float32 from the weight's own packed codes, scales and mins (no copy)."""
+    weight: Int4Weight
+    ext: Q4Ops
+    name = "q4fused"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return self.ext.q4_linear(x.float().contiguous(), w.qweight, w.scales, w.mins).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Q4DequantKernel:
+    """For prefill-sized batches: W dequantized to float32 for this call only (exact, no copy
+    kept), then a float32 matmul (oneDNN's, faster than q4_linear's tiles at many rows)."""
+    weight: Int4Weight
+    ext: Q4Ops
+    name = "q4dequant"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return F.linear(x.float(), self.ext.q4_dequantize(w.qweight, w.scales, w.mins)).to(x.dtype)
+
+
+def q4_fused_kernel(w: Int4Weight, ext: Q4Ops, dequant: bool = False) -> Q4FusedKernel | Q4DequantKernel:
+    """dequant: the per-call dequantize-then-matmul form (Q4DequantKernel)."""
+    assert q4_fits(w), w.group_size
+    weight = Int4Weight(w.qweight.contiguous(), w.scales.contiguous(), w.mins.contiguous(), w.group_size)
+    return Q4DequantKernel(weight, ext) if dequant else Q4FusedKernel(weight, ext)

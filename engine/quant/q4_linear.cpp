@@ -1,0 +1,197 @@
+// y = x W^T for a 4-bit weight with a float32 scale and min per group of 32 inputs
+// (engine/quant/formats.py Int4Weight: W[n, k] = q[n, k] * scale[n, k / 32] + min[n, k / 32],
+// two q per byte, low nibble first), computed in float32 from the file's exact values.
+// Built at first use by engine/quant/q4_fused.py (torch's extension builder).
+//
+// Per output n and group g of 32 inputs: scale * (codes . x) + min * sum(x), the codes
+// converted to float in registers once for up to eight rows of x, everything in float32: the
+// reference's numbers (dequantize() then a float32 matmul) up to float32 summation order. torch's packed int4 kernel instead takes bf16 activations, scales and
+// zeros and returns bf16, each a 2^-9 rounding (docs/benchmarks.md "Fidelity").
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define Q4_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+
+#ifdef Q4_AVX2
+// The 32 codes of one group (16 bytes) as floats, w[0..4) of 8 each.
+inline void codes(const uint8_t* q, __m256 w[4]) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(bytes, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  const __m128i first = _mm_unpacklo_epi8(lo, hi);   // q[0..16)
+  const __m128i second = _mm_unpackhi_epi8(lo, hi);  // q[16..32)
+  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(first));
+  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(first, 8)));
+  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(second));
+  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(second, 8)));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+
+// Q8_0's 32 signed codes of one group (32 bytes) as floats.
+inline void codes8(const int8_t* q, __m256 w[4]) {
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i))));
+}
+
+// sum_k W[n, k] x[i, k] = sum_g scale_g (sum_{k in g} q_k x_ik) + sum_g min_g xsum_ig, for rows
+// i in [0, R) of x: each group's codes are converted once per R rows. Q8: int8 codes, no min.
+template <int R, bool Q8>
+inline void row_tile(const uint8_t* q, const float* scales, const float* mins, const float* x,
+                     const float* xsum, int64_t k, int64_t groups, float* y, int64_t y_stride) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 w[4];
+  for (int64_t g = 0; g < groups; ++g) {
+    if constexpr (Q8)
+      codes8(reinterpret_cast<const int8_t*>(q) + g * kGroup, w);
+    else
+      codes(q + g * (kGroup / 2), w);
+    const __m256 scale = _mm256_set1_ps(scales[g]);
+    for (int r = 0; r < R; ++r) {
+      const float* xg = x + r * k + g * kGroup;
+      __m256 a = _mm256_mul_ps(w[0], _mm256_loadu_ps(xg));
+      __m256 b = _mm256_mul_ps(w[1], _mm256_loadu_ps(xg + 8));
+      a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xg + 16), a);
+      b = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xg + 24), b);
+      acc[r] = _mm256_fmadd_ps(_mm256_add_ps(a, b), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float offset = 0;
+    if constexpr (!Q8)
+      for (int64_t g = 0; g < groups; ++g) offset += mins[g] * xsum[r * groups + g];
+    y[r * y_stride] = hsum(acc[r]) + offset;
+  }
+}
+#endif
+
+// Output column n of y for every row of x (xsum: x's sums per group, [M, K / 32]; Q8: unused).
+template <bool Q8>
+inline void one_output(const uint8_t* q, const float* scales, const float* mins, const float* x, const float* xsum,
+                       int64_t m_rows, int64_t k, float* y, int64_t y_stride) {
+  const int64_t groups = k / kGroup;
+#ifdef Q4_AVX2
+  int64_t i = 0;
+  for (; i + 8 <= m_rows; i += 8)
+    row_tile<8, Q8>(q, scales, mins, x + i * k, xsum + i * groups, k, groups, y + i * y_stride, y_stride);
+  for (; i + 4 <= m_rows; i += 4)
+    row_tile<4, Q8>(q, scales, mins, x + i * k, xsum + i * groups, k, groups, y + i * y_stride, y_stride);
+  for (; i < m_rows; ++i)
+    row_tile<1, Q8>(q, scales, mins, x + i * k, xsum + i * groups, k, groups, y + i * y_stride, y_stride);
+#else
+  for (int64_t i = 0; i < m_rows; ++i) {
+    float acc = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      float dot = 0;
+      for (int j = 0; j < kGroup; ++j) {
+        const float code = Q8 ? float(reinterpret_cast<const int8_t*>(q)[g * kGroup + j])
+                              : float(j % 2 ? q[g * kGroup / 2 + j / 2] >> 4 : q[g * kGroup / 2 + j / 2] & 0x0F);
+        dot += code * x[i * k + g * kGroup + j];
+      }
+      acc += scales[g] * dot + (Q8 ? 0.0f : mins[g] * xsum[i * groups + g]);
+    }
+    y[i * y_stride] = acc;
+  }
+#endif
+}
+
+}  // namespace
+
+torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                        const torch::Tensor& mins) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: float32 [M, K]");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(),
+              "qweight: uint8 [N, K / 2]");
+  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
+  TORCH_CHECK(k % kGroup == 0 && qweight.size(1) * 2 == k, "K must be a multiple of 32 matching qweight");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == n_rows &&
+                  scales.size(1) == groups && mins.sizes() == scales.sizes() && mins.is_contiguous() &&
+                  mins.scalar_type() == torch::kFloat32, "scales, mins: float32 [N, K / 32]");
+  auto y = torch::empty({m_rows, n_rows}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* qp = qweight.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = mins.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  auto xsum = x.view({m_rows, groups, kGroup}).sum(-1).contiguous();
+  const float* xs = xsum.data_ptr<float>();
+  at::parallel_for(0, n_rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      one_output<false>(qp + n * (k / 2), sp + n * groups, mp + n * groups, xp, xs, m_rows, k, yp + n, n_rows);
+  });
+  return y;
+}
+
+// y = x W^T for a GGUF Q8_0 weight: W[n, k] = q[n, k] * scale[n, k / 32], q int8 [N, K].
+torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: float32 [M, K]");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kInt8 && qweight.is_contiguous(),
+              "qweight: int8 [N, K]");
+  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
+  TORCH_CHECK(k % kGroup == 0 && qweight.size(1) == k, "K must be a multiple of 32 matching qweight");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == n_rows &&
+                  scales.size(1) == groups, "scales: float32 [N, K / 32]");
+  auto y = torch::empty({m_rows, n_rows}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* qp = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
+  const float* sp = scales.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n_rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      one_output<true>(qp + n * k, sp + n * groups, nullptr, xp, nullptr, m_rows, k, yp + n, n_rows);
+  });
+  return y;
+}
+
+// W as float32 [N, K], the numbers formats.dequantize() gives (q * scale, then + min).
+torch::Tensor q4_dequantize(const torch::Tensor& qweight, const torch::Tensor& scales, const torch::Tensor& mins) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(),
+              "qweight: uint8 [N, K / 2]");
+  const int64_t n_rows = qweight.size(0), k = qweight.size(1) * 2, groups = k / kGroup;
+  TORCH_CHECK(k % kGroup == 0 && scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() &&
+                  scales.size(0) == n_rows && scales.size(1) == groups && mins.sizes() == scales.sizes() &&
+                  mins.is_contiguous() && mins.scalar_type() == torch::kFloat32,
+              "scales, mins: float32 [N, K / 32]");
+  auto w = torch::empty({n_rows, k}, scales.options());
+  const uint8_t* qp = qweight.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = mins.data_ptr<float>();
+  float* wp = w.data_ptr<float>();
+  at::parallel_for(0, n_rows * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* q = qp + i * (kGroup / 2);
+      float* out = wp + i * kGroup;
+#ifdef Q4_AVX2
+      __m256 c[4];
+      codes(q, c);
+      const __m256 scale = _mm256_set1_ps(sp[i]), min = _mm256_set1_ps(mp[i]);
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(out + 8 * j, _mm256_add_ps(_mm256_mul_ps(c[j], scale), min));
+#else
+      for (int j = 0; j < kGroup / 2; ++j) {
+        out[2 * j] = float(q[j] & 0x0F) * sp[i] + mp[i];
+        out[2 * j + 1] = float(q[j] >> 4) * sp[i] + mp[i];
+      }
+#endif
+    }
+  });
+  return w;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q8_linear", &q8_linear, "y = x W^T, W GGUF Q8_0 (int8 codes, float32 scale per 32 inputs), float32");
+  m.def("q4_dequantize", &q4_dequantize, "W as float32, as formats.dequantize computes it");
+  m.def("q4_linear", &q4_linear, "y = x W^T, W 4-bit with float32 scale and min per 32 inputs (float32)");
+}
