@@ -10,7 +10,7 @@ compares them field by field and tensor by tensor on real and generated files):
     tensors    name, ggml type, dims (innermost first), byte count, and the data as a
                read-only memory-map view in GGUFReader's dtype and shape
 
-Layout (GGUF v2/v3, little-endian; ggml's docs/gguf.md): magic "GGUF", u32 version, u64
+Layout (GGUF v2/v3, little-endian, per the GGUF specification in the ggml repository): magic "GGUF", u32 version, u64
 tensor count, u64 key count, the keys (string key, u32 value type, value), the tensor
 infos (string name, u32 n_dims, u64 dims[n_dims], u32 type, u64 offset), padding to
 general.alignment (32 unless set), then the data. Big-endian files are refused.
