@@ -63,9 +63,10 @@ lint: install
 	$(BIN)/python scripts/typecheck.py
 
 # torch.compile's CPU code (Inductor writes C++ that includes Python's headers), for
-# --decode-capture on and tests/engine/test_decode_capture.py: g++ and the Python headers from
+# --decode-capture on, tests/engine/test_decode_capture.py and the exact Q4 kernel (engine/quant/q4_fused.py,
+# built with torch's extension builder, which needs ninja): g++, ninja and the Python headers from
 # Debian, once per machine. Without root or apt those tests skip and say why.
-CXX_DEBS := g++ python3-dev
+CXX_DEBS := g++ python3-dev ninja-build
 cxx:
 	@missing=""; for p in $(CXX_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
