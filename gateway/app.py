@@ -235,18 +235,13 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, work)
 
     async def merged_models(self) -> dict:
-        urls = self.endpoints.routable()
-
-        async def one(url: str) -> list[dict]:
-            try:
-                r = await self.control.get(f"{url}/v1/models")
-                return list(r.json().get("data", [])) if r.status_code == 200 else []
-            except (httpx.HTTPError, ValueError, AttributeError):
-                return []
-
+        """Every ready engine's /v1/models, read now (the watcher's copy, refreshed: the same one
+        that requests are checked against), one card per id."""
+        assert self.watcher is not None, "start() builds it before any request"
+        await self.watcher.refresh_models()
         merged: dict[str | None, dict] = {}
-        for models in await asyncio.gather(*(one(u) for u in urls)):
-            for m in models:
+        for url in self.endpoints.routable():
+            for m in self.watcher.models.get(url, ()):
                 if isinstance(m, dict) and m.get("id") not in merged:
                     merged[m.get("id")] = m
         return {"object": "list", "data": [merged[k] for k in sorted(merged, key=str)]}
