@@ -17,6 +17,15 @@ NODE_NAME = "pagedkube-node"
 CHART_NS = "pagedkube-system"
 
 
+def hub_on_node(kube: Kube, repos):
+    """A local Hugging Face mirror (tests/helpers/hfhub.py) serving `repos` on the real node's
+    address, where its pods reach it (set HF_ENDPOINT to its url); started."""
+    from hfhub import HubServer
+    node = kube.json("get", "node", NODE_NAME)
+    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    return HubServer(repos, ip).start()
+
+
 def node_env() -> dict[str, str]:
     """cluster.sh's environment for the cluster with the real node."""
     return {**os.environ, "PYTHON": sys.executable, "PAGEDKUBE_E2E_NODE": "real"}

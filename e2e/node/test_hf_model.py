@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from kubeutil import ROOT, Kube, Processes
-from nodeutil import NODE_NAME, engine_pods, forward_to_gateway, llmservice
+from nodeutil import engine_pods, forward_to_gateway, hub_on_node, llmservice
 from hfhub import HubRepo, HubServer  # tests/helpers/hfhub.py (pyproject pythonpath)
 
 NS = "e2e-hf"
@@ -18,9 +18,7 @@ REPO = "pagedkube-e2e/tiny-chat"
 
 @pytest.fixture(scope="module")
 def hub(kube: Kube):
-    node = kube.json("get", "node", NODE_NAME)
-    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-    server = HubServer(HubRepo.of(REPO, ROOT / "pagedkube" / "builtin" / "tiny"), ip).start()
+    server = hub_on_node(kube, HubRepo.of(REPO, ROOT / "pagedkube" / "builtin" / "tiny"))
     yield server
     server.close()
 

@@ -12,7 +12,7 @@ import pytest
 from kubeutil import ROOT, Kube, Processes, wait_for
 from hfhub import HubRepo, HubServer  # tests/helpers (pyproject pythonpath)
 from lora_adapters import trained_adapters
-from nodeutil import NODE_NAME, engine_pods, forward_to_gateway, llmservice
+from nodeutil import engine_pods, forward_to_gateway, hub_on_node, llmservice
 
 NS = "e2e-lora"
 NAME = "lora"
@@ -28,11 +28,9 @@ def adapter_repo(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def hub(kube: Kube):
-    node = kube.json("get", "node", NODE_NAME)
-    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
     adapters = trained_adapters("tiny", TINY)   # {"dogs", "cats", "diet"}: folders in PEFT's format
     repos = [HubRepo.of(MODEL, TINY)] + [HubRepo.of(adapter_repo(n), path) for n, path in adapters.items()]
-    server = HubServer(repos, ip).start()
+    server = hub_on_node(kube, repos)
     yield server
     server.close()
 

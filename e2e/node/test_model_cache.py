@@ -16,7 +16,7 @@ import pytest
 
 from hfhub import HubRepo, HubServer  # tests/helpers/hfhub.py (pyproject pythonpath)
 from kubeutil import ROOT, Kube, Processes, wait_for
-from nodeutil import NODE_NAME, engine_pods, forward_to_gateway, llmservice, ready_llms
+from nodeutil import engine_pods, forward_to_gateway, hub_on_node, llmservice, ready_llms
 
 NS = "e2e-model-cache"
 NAME = "cached"
@@ -27,9 +27,7 @@ IMAGE_UID = 10001   # operator/builders/common.py RUN_AS_USER
 
 @pytest.fixture(scope="module")
 def hub(kube: Kube):
-    node = kube.json("get", "node", NODE_NAME)
-    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-    server = HubServer(HubRepo.of(REPO, ROOT / "pagedkube" / "builtin" / "tiny"), ip).start()
+    server = hub_on_node(kube, HubRepo.of(REPO, ROOT / "pagedkube" / "builtin" / "tiny"))
     yield server
     server.close()
 
