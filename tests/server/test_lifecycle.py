@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 
 import httpx
@@ -102,18 +103,22 @@ def test_client_disconnect_frees_kv_blocks(server, http):
 
 
 def test_non_streaming_disconnect_aborts(server, http):
+    """The client hangs up while its non-streaming request runs: every sequence is aborted.
+    16 sequences of 480 tokens keep the request running for seconds, and the connection is closed
+    only once the server reports its 16 sequences running (a fixed client timeout raced the toy model, which
+    finishes one 480-token answer in under 0.5 s)."""
     def running() -> float:
         return metric_value(http.get("/metrics").text, "vllm:num_requests_running")
     aborted = lambda: metric_value(http.get("/metrics").text, "vllm:request_success_total",  # noqa: E731
                                    finished_reason="abort")
     before = aborted()
-    body = {"model": MODEL_NAME, "prompt": "Tell me about parrots.", "max_tokens": 480, "ignore_eos": True}
-    with httpx.Client(base_url=server.url, timeout=0.5) as c:
-        try:
-            c.post("/v1/completions", json=body)
-        except httpx.ReadTimeout:
-            pass
-    wait_until(lambda: aborted() == before + 1 and running() == 0)
+    body = json.dumps({"model": MODEL_NAME, "prompt": "Tell me about parrots.", "max_tokens": 480,
+                       "ignore_eos": True, "n": 16}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: running() == 16, interval=0.01)
+    wait_until(lambda: aborted() == before + 1 and running() == 0)   # one request, n=16
 
 
 def test_sigterm_lets_a_running_request_finish(tmp_path):
