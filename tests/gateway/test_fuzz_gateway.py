@@ -36,7 +36,7 @@ def test_fuzz_no_server_errors(fuzz_gateway):
     cmd = [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()",
            "run", f"{fuzz_gateway.url}/openapi.json", "--checks", "not_a_server_error",
            "--max-examples", "15", "--seed", "1", "--workers", "1", "--generation-database", "none",
-           "--phases", "examples,fuzzing", "--request-timeout", "120", "--no-color", "--max-time", "240"]
+           "--phases", "examples,fuzzing", "--request-timeout", "120", "--no-color", "--max-time", "120"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:] + "\n--- gateway log ---\n" + fuzz_gateway.log_tail(80)

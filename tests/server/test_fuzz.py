@@ -34,7 +34,7 @@ def test_fuzz_no_server_errors(fuzz_server, tmp_path):
     schemathesis = Path(sys.executable).with_name("schemathesis")
     cmd = [str(schemathesis), "run", f"{fuzz_server.url}/openapi.json", "--checks", "not_a_server_error",
            "--max-examples", "50", "--seed", "1", "--workers", "1", "--generation-database", "none",
-           "--phases", "examples,fuzzing", "--request-timeout", "120", "--no-color", "--max-time", "300"]
+           "--phases", "examples,fuzzing", "--request-timeout", "120", "--no-color", "--max-time", "150"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:] + "\n--- server log ---\n" + fuzz_server.log()[-4000:]
