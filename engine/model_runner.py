@@ -28,6 +28,7 @@ import shutil
 import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -53,25 +54,43 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# CPU: a laptop-friendly pool; 512 MiB holds ~1M tokens of the built-in model and
-# ~5.5K tokens of Qwen2.5-0.5B in float32 (24 layers x 2 x 2 heads x 64 x 4 B = 24 KiB/token).
-DEFAULT_CPU_KV_BYTES = 512 * 2**20
+# CPU: the share of the memory available once the weights are loaded (available_host_memory)
+# that the pool takes by default. Its pages stay the kernel's zero pages until written
+# (allocate_kv_pool), so resident memory grows with the tokens actually cached, up to this; a
+# fixed 512 MiB held ~11K float32 tokens of SmolLM2 and 64 growing chats preempted each other.
+CPU_FREE_MEMORY_FRACTION = 0.5
 # CUDA: the share of the memory still free after the weights are loaded. vLLM reserves
 # gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
 # activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
 CUDA_FREE_MEMORY_FRACTION = 0.9
 
 
-def available_host_memory() -> int:
-    """Bytes the kernel says a new allocation can get without swapping (MemAvailable)."""
+def available_host_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes a new allocation can get without swapping or the container's OOM kill: the kernel's
+    MemAvailable, or this cgroup's limit less its usage where that is less (in a pod MemAvailable
+    is the node's)."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    headroom = cgroup_headroom(cgroup)
+    return available if headroom is None else min(available, headroom)
+
+
+def cgroup_headroom(root: Path) -> int | None:
+    """limit - usage of the cgroup mounted at root (v2: memory.max/current; v1: memory/
+    limit_in_bytes/usage_in_bytes); None without a limit."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit, usage = (root / limit_file).read_text().strip(), (root / usage_file).read_text().strip()
+        except OSError:
+            continue
+        if limit == "max" or int(limit) >= 2**60:     # v1 writes "no limit" as a huge number
+            return None
+        return max(0, int(limit) - int(usage))
+    return None
 
 
 def utilization_budget(fraction: float, device: torch.device) -> int:
@@ -280,7 +299,7 @@ class ModelRunner:
                 free, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free * CUDA_FREE_MEMORY_FRACTION)
             else:
-                budget = DEFAULT_CPU_KV_BYTES
+                budget = int(available_host_memory() * CPU_FREE_MEMORY_FRACTION)
         num_blocks = budget // bytes_per_block if cap is None else min(budget // bytes_per_block, cap)
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")

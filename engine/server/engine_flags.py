@@ -135,7 +135,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         kv.add_argument("--gpu-memory-utilization", type=typed(parse_fraction), default=None,
                         help="fraction of memory this engine may use, as vLLM's: on CUDA of the GPU's total "
                              "(weights included), on CPU of the memory available after the weights; the KV pool "
-                             "takes the rest (default: 0.9 of the GPU's free memory, 512MiB on CPU)"),
+                             "takes the rest (default: 0.9 of the GPU's free memory; on CPU 0.5 of the memory available, cgroup limit included)"),
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=default(_engine("enable_prefix_caching")),
                        help="reuse the KV blocks of earlier prompts' shared prefixes"),
