@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
-from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.config import DECODE_CAPTURE_ENV, DECODE_CAPTURES, EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.distributed.checks import check_tensor_parallel
@@ -130,14 +130,26 @@ def select_backend(name: str, device: torch.device) -> ModuleType:
         return import_module("pagedkube.engine.attention.torch_backend")
 
 
-def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
-    """Whether decode steps run captured (EngineConfig.decode_capture). auto = eager, for now on
-    both devices: on this project's 2-core CPU a bucket compiles for 1-3 minutes at start for a
-    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and the CUDA-graph
-    path has not yet run on a GPU (bench/gpu_all.sh measures it); flip it here when that pays.
-    Capture on CPU compiles the torch attention backend; the Triton one there is the interpreter."""
-    if config.decode_capture != "on":
-        return False
+def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_parallel: bool = False) -> str:
+    """How decode steps run (EngineConfig.decode_capture): "off" (eager), "on" (every bucket
+    captured before serving) or "background" (compiled on a thread while eager steps serve).
+    auto = background on CPU where it can run (a C++ toolchain for torch.compile, the torch
+    attention backend, no LoRA, one rank): a bucket compiles for 1-3 minutes on a 2-core CPU for a
+    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and in
+    the background start-up does not wait for it. On CUDA auto = eager: the CUDA-graph path has not
+    yet run on a GPU (bench/gpu_all.sh measures it). $PAGEDKUBE_DECODE_CAPTURE (auto, on, off)
+    stands in for an `auto` setting: a deployment's (or a test suite's) default."""
+    mode = config.decode_capture
+    if mode == "auto":
+        mode = os.environ.get(DECODE_CAPTURE_ENV) or "auto"
+        if mode not in DECODE_CAPTURES:
+            raise ValueError(f"${DECODE_CAPTURE_ENV} must be one of {DECODE_CAPTURES}, got {mode!r}")
+    if mode == "off":
+        return "off"
+    if mode == "auto":
+        runnable = (device.type == "cpu" and config.attention_backend != "triton" and not config.enable_lora
+                    and not tensor_parallel and has_cxx_toolchain())
+        return "background" if runnable else "off"
     if device.type == "cpu" and config.attention_backend == "triton":
         raise ValueError("decode_capture 'on' on CPU needs the torch attention backend, not triton")
     if device.type not in ("cpu", "cuda"):
@@ -145,7 +157,7 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
     if device.type == "cpu" and not has_cxx_toolchain():
         raise ValueError("decode_capture 'on' on CPU needs a C++ compiler and Python's headers for torch.compile "
                          "(Debian: apt-get install g++ python3-dev; `make cxx`)")
-    return True
+    return "on"
 
 
 def has_cxx_toolchain() -> bool:
@@ -257,16 +269,17 @@ class ModelRunner:
 
             self.num_kv_blocks, self.tp_group = tp.agree(self.num_kv_blocks, self.device)
             parallelize(self.model, self.tp_group, self.model_config.vocab_size)
-        capture = resolve_decode_capture(config, self.device)
+        capture = resolve_decode_capture(config, self.device, tensor_parallel=tp is not None)
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
-        shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (self.num_kv_blocks + (capture != "off"), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
         self.decode_capture: DecodeCapture | None = None
-        if capture:
+        if capture != "off":
             self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
-                                                self.block_size, self.num_kv_blocks, self.max_model_len, self.device)
+                                                self.block_size, self.num_kv_blocks, self.max_model_len, self.device,
+                                                background=capture == "background")
 
     def _lora_manager(self):
         """Adapter slots in every projection (engine/lora/): Triton kernels on CUDA, grouped matmuls elsewhere."""
