@@ -6,7 +6,12 @@ OpenAI API by C concurrent clients (each runs its sessions turn by turn, streami
 
     pagedkube   `pagedkube serve --model FILE` in one or more weight modes (--modes):
                   fp32   --quantization none --dtype float32 (every weight dequantized: the reference)
-                  gguf   --quantization auto (the file's Q8_0/Q4_0/Q4_1/Q4_K blocks served as stored)
+                  gguf   --quantization auto (the file's Q8_0/Q4_0/Q4_1/Q4_K blocks served as stored),
+                         decode capture at its default (auto: buckets 1, 2, 4, 8 compiled in the
+                         background); the clients start once every bucket is ready (the log
+                         says so), the steady state of a server that has run a few minutes, and
+                         that wait is reported beside launch-to-ready (capture_ready_s)
+                  gguf-eager  gguf with --decode-capture off
                   int8   --quantization int8 (projections requantized per channel at load)
                   int4   --quantization int4 (projections requantized in groups at load)
                   gguf-captured  gguf with --decode-capture on (decode steps of 1-8 sequences compiled
@@ -63,10 +68,12 @@ import llama_server
 from workloads import Session, petcare_chat
 
 LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
-MODES = {"fp32": ["--quantization", "none", "--dtype", "float32"], "gguf": ["--quantization", "auto"],
+MODES = {"fp32": ["--quantization", "none", "--dtype", "float32", "--decode-capture", "off"],
+         "gguf": ["--quantization", "auto"], "gguf-eager": ["--quantization", "auto", "--decode-capture", "off"],
          "int8": ["--quantization", "int8"], "int4": ["--quantization", "int4"],
          "gguf-captured": ["--quantization", "auto", "--decode-capture", "on", "--decode-capture-sizes", "1,8"]}
 MODE_KWARGS = {"fp32": dict(quantization="none", dtype="float32"), "gguf": dict(quantization="auto"),
+               "gguf-eager": dict(quantization="auto"),
                "gguf-captured": dict(quantization="auto"),
                "int8": dict(quantization="int8"), "int4": dict(quantization="int4")}
 MAX_TOKENS = 32
@@ -226,14 +233,30 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+CAPTURE_READY = "decode capture (torch.compile): buckets"   # the line that says every bucket is compiled
+
+
+def wait_for_log(log: Path, text: str, since: float, timeout: float = 1200) -> float:
+    """Seconds from `since` until `text` appears in the log."""
+    while text not in log.read_text(errors="replace"):
+        if time.monotonic() - since > timeout:
+            raise RuntimeError(f"{log}: no {text!r} within {timeout} s")
+        time.sleep(0.5)
+    return time.monotonic() - since
+
+
 def run_server(name: str, cmd: list[str], port: int, ready: str, model: str, levels: list[int], logdir: Path,
-               env: dict | None = None) -> dict:
+               env: dict | None = None, capture: bool = False) -> dict:
+    launched = time.monotonic()
     proc, ready_s = start(cmd, port, ready, logdir / f"{name}.log", env)
     rss = PeakRss(proc.pid)
     try:
         url = f"http://127.0.0.1:{port}"
         asyncio.run(warm_up(url, model))
         out: dict = {"ready_s": ready_s}
+        if capture:
+            out["capture_ready_s"] = wait_for_log(logdir / f"{name}.log", CAPTURE_READY, launched)
+            print(name, "capture ready after", round(out["capture_ready_s"], 1), "s", flush=True)
         for c in levels:
             cpu = cpu_seconds(proc.pid)
             out[c] = asyncio.run(drive(url, model, c))
@@ -388,9 +411,9 @@ def main() -> None:
                 f"pagedkube-{mode}", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf),
                                       "--port", str(port), "--served-model-name", source.name, "--device", "cpu",
                                       "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
-                                      "--log-level", "warning", *MODES[mode],
-                                      *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
-                port, "/ready", source.name, args.clients, args.logdir)
+                                      *MODES[mode], *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
+                port, "/ready", source.name, args.clients, args.logdir,
+                env={**os.environ, "PAGEDKUBE_DECODE_CAPTURE": "auto"}, capture="--decode-capture" not in MODES[mode])
     if "llama-server" not in skip:
         port = free_port()
         argv, env = llama_server.command(gguf, port, THREADS, slots=max(args.clients))

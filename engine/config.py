@@ -9,10 +9,12 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # auto: a GGUF file's types as stored, a float checkpoint as float; none: all dense (the
 # reference); int8 / int4: projections quantized at load (docs/engine.md "Quantization")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU, CUDA graphs on
-# CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the engine's choice, eager for now
+# Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU (every bucket
+# before serving), CUDA graphs on CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the
+# engine's choice: compiled in the background on CPU where it can be, eager on CUDA for now
 # (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
 DECODE_CAPTURES = ("auto", "on", "off")
+DECODE_CAPTURE_ENV = "PAGEDKUBE_DECODE_CAPTURE"   # replaces an "auto" setting (a deployment's default)
 # Batch-size buckets of captured decode steps: vLLM captures 1, 2, 4, 8 and then steps of 8; past 8
 # sequences a step's per-op cost is spread over the batch, and each CPU bucket compiles for a
 # minute or more on a 2-core machine. At most 8: Dynamo's default recompile_limit.

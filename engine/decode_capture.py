@@ -8,6 +8,13 @@ call's own cost); capture pays only at the size of the whole step, all 30 layers
 program: on CPU one torch.compile graph (Inductor fuses the norms, rope and casts into C++
 loops, the int4 matmuls and SDPA stay extern calls), on CUDA one CUDA graph replayed.
 
+When: `on` compiles every bucket before the engine serves (minutes on a small CPU); `auto`
+(the CPU default where a C++ toolchain exists) compiles them on a background thread, smallest
+bucket first, while the engine serves every step eagerly, and a step takes a bucket only once
+that bucket is ready (`DecodeCapture.ready`), so start-up costs nothing and the speed-up arrives
+a minute or two later. The compile thread writes only the pad block (below) and never a real
+block: eager steps on the engine's thread and the compile run side by side.
+
 Which steps: decode-only steps (every scheduled sequence computes exactly one token) of at
 most max(sizes) sequences. Prefill, chunked prefill, mixed steps and bigger batches run eager,
 which stays the reference. A batch of n is padded to the smallest bucket >= n; padding rows
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 import types
 from dataclasses import dataclass
@@ -109,7 +117,7 @@ class DecodeCapture:
     step it does not take (the runner then runs the model eagerly)."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, sizes: tuple[int, ...], block_size: int,
-                 pad_block: int, max_model_len: int, device: torch.device):
+                 pad_block: int, max_model_len: int, device: torch.device, background: bool = False):
         assert list(sizes) == sorted(set(sizes)) and sizes[0] >= 1, sizes
         self.sizes = sizes
         self.block_size = block_size
@@ -120,20 +128,49 @@ class DecodeCapture:
         self.width = max_blocks if self.is_cuda else None
         self.compile_seconds: dict[int, float] = {}
         self.num_captured_steps = 0              # steps run through the captured program (tests, bench)
+        # Buckets a step may take: replaced (never mutated) by the compile thread, so run() reads
+        # one consistent frozenset
+        self.ready: frozenset[int] = frozenset()
+        self.compiler: threading.Thread | None = None
         self.program: CudaGraphs | CompiledDecode
-        with torch.inference_mode():
-            if self.is_cuda:
+        if self.is_cuda:
+            assert not background, "CUDA graphs are captured before serving"
+            with torch.inference_mode():
                 forward = functools.partial(decode_forward, model, kv_caches, max_model_len)
                 self.program = CudaGraphs(forward, self.sizes, self.padded, device)
-                self.compile_seconds = self.program.seconds
-            else:
-                self.program = CompiledDecode(model, kv_caches, max_model_len)
-                for size in self.sizes:                  # compile every bucket now, not inside a step
-                    t = time.perf_counter()
+            self.compile_seconds = self.program.seconds
+            self.ready = frozenset(self.sizes)
+            log.info("decode capture (CUDA graphs): buckets %s ready in %s s", list(self.sizes), self.compile_seconds)
+            return
+        self.program = CompiledDecode(model, kv_caches, max_model_len)
+        if not background:
+            self._compile_buckets(background=False)
+            return
+        log.info("decode capture (torch.compile): compiling buckets %s in the background; decode steps run "
+                 "eagerly until each is ready", list(self.sizes))
+        self.compiler = threading.Thread(target=self._compile_buckets, kwargs={"background": True},
+                                         name="decode-capture-compile", daemon=True)
+        self.compiler.start()
+
+    def _compile_buckets(self, background: bool) -> None:
+        """CPU: compiles every bucket (smallest first), each one usable as soon as it is done. In
+        the background a bucket that fails to compile is logged and stays eager."""
+        with torch.inference_mode():
+            for size in self.sizes:
+                t = time.perf_counter()
+                try:
                     self.program(self.padded(size, None))
-                    self.compile_seconds[size] = round(time.perf_counter() - t, 1)
-        log.info("decode capture (%s): buckets %s ready in %s s", "CUDA graphs" if self.is_cuda else "torch.compile",
-                 list(self.sizes), self.compile_seconds)
+                except Exception:
+                    if not background:
+                        raise
+                    log.exception("decode capture: bucket %d did not compile; its steps stay eager", size)
+                    continue
+                self.compile_seconds[size] = round(time.perf_counter() - t, 1)
+                self.ready = self.ready | {size}
+                if background:
+                    log.info("decode capture (torch.compile): bucket %d ready in %.1f s", size,
+                             self.compile_seconds[size])
+        log.info("decode capture (torch.compile): buckets %s ready in %s s", sorted(self.ready), self.compile_seconds)
 
     def padded(self, bucket: int, step: StepInputs | None = None) -> DecodeInputs:
         width = self.width or max(MIN_CPU_WIDTH, 0 if step is None else step.meta.block_tables.shape[1])
@@ -145,8 +182,8 @@ class DecodeCapture:
         if meta.max_query_len != 1:
             return None
         n = meta.num_seqs
-        bucket = pick_bucket(self.sizes, n)
-        if bucket is None:
+        bucket = pick_bucket(tuple(sorted(self.ready)), n)
+        if bucket is None:                       # too many sequences, or no bucket that fits is ready yet
             return None
         self.num_captured_steps += 1
         return self.program(self.padded(bucket, step))[:n]

@@ -28,6 +28,7 @@ import shutil
 import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
-from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.config import DECODE_CAPTURE_ENV, DECODE_CAPTURES, EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.distributed.checks import check_tensor_parallel
@@ -53,25 +54,43 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# CPU: a laptop-friendly pool; 512 MiB holds ~1M tokens of the built-in model and
-# ~5.5K tokens of Qwen2.5-0.5B in float32 (24 layers x 2 x 2 heads x 64 x 4 B = 24 KiB/token).
-DEFAULT_CPU_KV_BYTES = 512 * 2**20
+# CPU: the share of the memory available once the weights are loaded (available_host_memory)
+# that the pool takes by default. Its pages stay the kernel's zero pages until written
+# (allocate_kv_pool), so resident memory grows with the tokens actually cached, up to this; a
+# fixed 512 MiB held ~11K float32 tokens of SmolLM2 and 64 growing chats preempted each other.
+CPU_FREE_MEMORY_FRACTION = 0.5
 # CUDA: the share of the memory still free after the weights are loaded. vLLM reserves
 # gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
 # activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
 CUDA_FREE_MEMORY_FRACTION = 0.9
 
 
-def available_host_memory() -> int:
-    """Bytes the kernel says a new allocation can get without swapping (MemAvailable)."""
+def available_host_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes a new allocation can get without swapping or the container's OOM kill: the kernel's
+    MemAvailable, or this cgroup's limit less its usage where that is less (in a pod MemAvailable
+    is the node's)."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    headroom = cgroup_headroom(cgroup)
+    return available if headroom is None else min(available, headroom)
+
+
+def cgroup_headroom(root: Path) -> int | None:
+    """limit - usage of the cgroup mounted at root (v2: memory.max/current; v1: memory/
+    limit_in_bytes/usage_in_bytes); None without a limit."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit, usage = (root / limit_file).read_text().strip(), (root / usage_file).read_text().strip()
+        except OSError:
+            continue
+        if limit == "max" or int(limit) >= 2**60:     # v1 writes "no limit" as a huge number
+            return None
+        return max(0, int(limit) - int(usage))
+    return None
 
 
 def utilization_budget(fraction: float, device: torch.device) -> int:
@@ -111,14 +130,26 @@ def select_backend(name: str, device: torch.device) -> ModuleType:
         return import_module("pagedkube.engine.attention.torch_backend")
 
 
-def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
-    """Whether decode steps run captured (EngineConfig.decode_capture). auto = eager, for now on
-    both devices: on this project's 2-core CPU a bucket compiles for 1-3 minutes at start for a
-    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and the CUDA-graph
-    path has not yet run on a GPU (bench/gpu_all.sh measures it); flip it here when that pays.
-    Capture on CPU compiles the torch attention backend; the Triton one there is the interpreter."""
-    if config.decode_capture != "on":
-        return False
+def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_parallel: bool = False) -> str:
+    """How decode steps run (EngineConfig.decode_capture): "off" (eager), "on" (every bucket
+    captured before serving) or "background" (compiled on a thread while eager steps serve).
+    auto = background on CPU where it can run (a C++ toolchain for torch.compile, the torch
+    attention backend, no LoRA, one rank): a bucket compiles for 1-3 minutes on a 2-core CPU for a
+    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and in
+    the background start-up does not wait for it. On CUDA auto = eager: the CUDA-graph path has not
+    yet run on a GPU (bench/gpu_all.sh measures it). $PAGEDKUBE_DECODE_CAPTURE (auto, on, off)
+    stands in for an `auto` setting: a deployment's (or a test suite's) default."""
+    mode = config.decode_capture
+    if mode == "auto":
+        mode = os.environ.get(DECODE_CAPTURE_ENV) or "auto"
+        if mode not in DECODE_CAPTURES:
+            raise ValueError(f"${DECODE_CAPTURE_ENV} must be one of {DECODE_CAPTURES}, got {mode!r}")
+    if mode == "off":
+        return "off"
+    if mode == "auto":
+        runnable = (device.type == "cpu" and config.attention_backend != "triton" and not config.enable_lora
+                    and not tensor_parallel and has_cxx_toolchain())
+        return "background" if runnable else "off"
     if device.type == "cpu" and config.attention_backend == "triton":
         raise ValueError("decode_capture 'on' on CPU needs the torch attention backend, not triton")
     if device.type not in ("cpu", "cuda"):
@@ -126,7 +157,7 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device) -> bool:
     if device.type == "cpu" and not has_cxx_toolchain():
         raise ValueError("decode_capture 'on' on CPU needs a C++ compiler and Python's headers for torch.compile "
                          "(Debian: apt-get install g++ python3-dev; `make cxx`)")
-    return True
+    return "on"
 
 
 def has_cxx_toolchain() -> bool:
@@ -238,16 +269,17 @@ class ModelRunner:
 
             self.num_kv_blocks, self.tp_group = tp.agree(self.num_kv_blocks, self.device)
             parallelize(self.model, self.tp_group, self.model_config.vocab_size)
-        capture = resolve_decode_capture(config, self.device)
+        capture = resolve_decode_capture(config, self.device, tensor_parallel=tp is not None)
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
-        shape = (self.num_kv_blocks + (1 if capture else 0), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (self.num_kv_blocks + (capture != "off"), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
         self.decode_capture: DecodeCapture | None = None
-        if capture:
+        if capture != "off":
             self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
-                                                self.block_size, self.num_kv_blocks, self.max_model_len, self.device)
+                                                self.block_size, self.num_kv_blocks, self.max_model_len, self.device,
+                                                background=capture == "background")
 
     def _lora_manager(self):
         """Adapter slots in every projection (engine/lora/): Triton kernels on CUDA, grouped matmuls elsewhere."""
@@ -280,7 +312,7 @@ class ModelRunner:
                 free, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free * CUDA_FREE_MEMORY_FRACTION)
             else:
-                budget = DEFAULT_CPU_KV_BYTES
+                budget = int(available_host_memory() * CPU_FREE_MEMORY_FRACTION)
         num_blocks = budget // bytes_per_block if cap is None else min(budget // bytes_per_block, cap)
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")

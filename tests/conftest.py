@@ -8,3 +8,10 @@ import os
 # machine the kernels compile and the same tests run them on CUDA.
 if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# An engine left at --decode-capture auto compiles its decode buckets on a background thread
+# (engine/decode_capture.py): minutes of CPU per engine on this suite's 2-core machines, for the
+# dozens of short-lived engines here. The suite's engines and servers (which inherit this
+# environment) run eagerly; the tests of that default remove this variable for their engine
+# (tests/engine/test_decode_capture.py, tests/server/test_stress.py).
+os.environ.setdefault("PAGEDKUBE_DECODE_CAPTURE", "off")

@@ -83,6 +83,16 @@ def test_the_operator_pod_reconciles_the_example_and_the_engines_pass_their_prob
     assert row[:4] == [NAME, EXAMPLE["spec"]["model"]["source"], "2", "2"]
 
 
+def test_the_engines_serve_the_default_model_with_the_exact_q4_kernel_prebuilt_in_the_image(llms: Kube) -> None:
+    """The image has no compiler: the Q4 kernel comes built (PAGEDKUBE_CPU_EXT_DIR), so the CPU
+    default keeps its exact float32 path and does not fall back to the bf16 kernels."""
+    for pod in engine_pods(llms, NAME, NS):
+        log = llms.run("logs", pod["metadata"]["name"], "-n", NS).stdout
+        (chosen,) = [line for line in log.splitlines() if "projection kernels chosen by measurement" in line]
+        assert "q4fused" in chosen and "float32 activations" in chosen, chosen
+        assert "round activations and weights to bf16" not in log and "not built" not in log, log[-4000:]
+
+
 def test_a_chat_completion_through_the_gateway_pod_streaming_and_not(llms: Kube, gateway: PortForward) -> None:
     engines = ready_engine_ips(llms)
     text, endpoint = chat(gateway, "Hello there")

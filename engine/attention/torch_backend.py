@@ -38,8 +38,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     the pad block, engine/decode_capture.py), and skipping would need a boolean mask, i.e. a
     nonzero(), a host sync that neither a torch.compile full graph nor a CUDA graph can hold."""
     num_blocks, block_size = k_cache.shape[:2]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    if key.dtype != k_cache.dtype:                # (an equal dtype's .to() is still a call per layer)
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,9 @@ def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     k = k_cache.flatten(1).index_select(0, tables).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.flatten(1).index_select(0, tables).view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
     q = query.view(num_seqs, num_kv_heads, group, head_dim)
+    if query.dtype == torch.float32 and k_cache.dtype == torch.float32:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=valid, scale=scale)
+        return out.reshape(num_seqs, num_q_heads, head_dim)
     out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=valid, scale=scale)
     return out.reshape(num_seqs, num_q_heads, head_dim).to(query.dtype)
 

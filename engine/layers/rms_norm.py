@@ -18,6 +18,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        h = x.float()
+        h = x if dtype == torch.float32 else x.float()      # no cast calls on the float32 path
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return self.weight * (h if dtype == torch.float32 else h.to(dtype))

@@ -5,6 +5,12 @@ A head vector x of size D is split into halves (x1, x2) and, at position p,
 rotated by angle p * inv_freq[i] in plane (x1[i], x2[i]):
 
     out = [x1 * cos - x2 * sin,  x2 * cos + x1 * sin]
+        = x * [cos, cos] + [x2, x1] * [-sin, sin]
+
+The second form is what runs: the sign lives in the table (`sin_signed`), and [x2, x1] is one
+flip of x seen as [.., 2, D/2], so a rotation is four torch calls (flip, two muls, an add)
+where slicing, negating and concatenating halves took eight. x2 * -sin and -x2 * sin are the
+same float, so the result is bit for bit Hugging Face's rotate_half form.
 
 inv_freq follows the checkpoint's rope type: "default", "linear" (all
 frequencies divided by factor) or "llama3" (low frequencies divided by factor,
@@ -49,18 +55,17 @@ class RotaryEmbedding:
         # Built on the CPU explicitly, so a model constructed under torch.device("meta") gets a real table.
         positions = torch.arange(max_positions, dtype=torch.int64, device="cpu").float()
         freqs = positions[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)               # [max_positions, D]
-        self.cos = emb.cos().to(device)
-        self.sin = emb.sin().to(device)
+        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(device)                  # [max_positions, D]
+        self.sin_signed = torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(device)   # [-sin, sin]
         self.max_positions = max_positions
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[T] positions -> cos, sin [T, 1, D] in `dtype`, broadcastable over heads."""
-        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+        """[T] positions -> cos, sin_signed [T, 1, D] in `dtype`, broadcastable over heads."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin_signed[positions].to(dtype)[:, None, :]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated at each token's position."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated at each token's position (cos, sin_signed from cos_sin)."""
+    t, h, d = x.shape
+    swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)      # [x2, x1]
+    return x * cos + swapped * sin_signed

@@ -180,7 +180,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.kernel is not None, "QuantLinear used before set_weight"
-        y = self.kernel(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
+        # the decoder's activations are [T, hidden] already: no reshape calls then
+        y = self.kernel(x) if x.dim() == 2 else \
+            self.kernel(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -11,8 +11,11 @@ different summation only, at int4's memory traffic.
 It is C++ built at first use with torch's extension builder (g++, Python's headers, ninja;
 AVX2/FMA where the CPU has them), into <cache>/cpu-ext/<hash of source, flags, torch, python>/,
 under a lock so two engines build it once; later starts load the built library directly.
-Where it cannot be built, `q4_ext()` is None and the calibration goes without it (and says
-what that costs in fidelity).
+An image with no compiler ships it prebuilt: `python -m pagedkube.engine.quant.q4_fused DIR`
+builds every variant (portable, AVX2/FMA) into DIR/cpu-ext/ at image-build time, and $PAGEDKUBE_CPU_EXT_DIR=DIR
+is searched before the cache (the same hashed folder names, so a variant whose flags, torch or
+Python differ from this process is never loaded). Where it cannot be had, `q4_ext()` is None and
+the calibration goes without it (and says what that costs in fidelity).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -42,6 +46,9 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("q4_linear.cpp")
 GROUP_SIZE = 32                       # the kernel's group (GGUF's Q4_0/Q4_1, Q4_K's sub-blocks)
 EXT_NAME = "pagedkube_q4_linear"
+PREBUILT_ENV = "PAGEDKUBE_CPU_EXT_DIR"  # a read-only folder of prebuilt variants (the engine image's)
+BASE_CFLAGS = ("-O3", "-ffp-contract=off")   # no fused multiply-add where the reference rounds twice
+X86_CFLAGS = ("-mavx2", "-mfma")
 
 
 def _cpu_flags() -> set[str]:
@@ -54,11 +61,13 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
 def _cflags() -> list[str]:
-    flags = ["-O3", "-ffp-contract=off"]   # no fused multiply-add where the reference rounds twice
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
-        flags += ["-mavx2", "-mfma"]
-    return flags
+    """This CPU's variant."""
+    return [*BASE_CFLAGS, *X86_CFLAGS] if _x86() and {"avx2", "fma"} <= _cpu_flags() else list(BASE_CFLAGS)
 
 
 def _toolchain() -> bool:
@@ -68,9 +77,29 @@ def _toolchain() -> bool:
             and os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 
 
-def _build_dir(cache_dir: Path) -> Path:
-    key = "|".join([SOURCE.read_text(), " ".join(_cflags()), torch.__version__, sys.version])
+def _build_dir(cache_dir: Path, cflags: list[str]) -> Path:
+    key = "|".join([SOURCE.read_text(), " ".join(cflags), torch.__version__, sys.version])
     return cache_dir / "cpu-ext" / f"{EXT_NAME}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _library(build_dir: Path) -> Path:
+    return build_dir / f"{EXT_NAME}.so"
+
+
+def _build(build_dir: Path, cflags: list[str]) -> bool:
+    """Compiles one variant into build_dir (the caller holds its lock); False, with a warning,
+    where the compiler fails."""
+    from torch.utils.cpp_extension import load
+
+    start = time.perf_counter()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        load(EXT_NAME, [str(SOURCE)], extra_cflags=cflags, build_directory=str(build_dir), verbose=False)
+    except (RuntimeError, OSError) as e:     # a compiler error: serve without it, loudly
+        log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
+        return False
+    log.info("built the exact float32 Q4 CPU kernel in %.1f s (%s)", time.perf_counter() - start, build_dir)
+    return True
 
 
 def _load_built(library: Path) -> ModuleType:
@@ -135,31 +164,56 @@ def _register(library: Path) -> Q4Ops:
 
 @cache
 def q4_ext(cache_dir: Path) -> Q4Ops | None:
-    """The built kernels (built now if this cache lacks them); None where they cannot be built."""
-    build_dir = _build_dir(cache_dir)
-    library = build_dir / f"{EXT_NAME}.so"
-    if library.is_file():
-        return _register(library)
+    """The built kernels: prebuilt ($PAGEDKUBE_CPU_EXT_DIR), else from this cache, else built now
+    into it; None where they cannot be built."""
+    cflags = _cflags()
+    prebuilt = os.environ.get(PREBUILT_ENV)
+    for root in ([Path(prebuilt)] if prebuilt else []) + [cache_dir]:
+        if _library(_build_dir(root, cflags)).is_file():
+            return _register(_library(_build_dir(root, cflags)))
     done = _registered()          # built into another cache folder by this process
     if done is not None:
         return done
     if not _toolchain():
-        log.warning("no C++ toolchain (c++, ninja, Python headers): the exact float32 Q4 kernel is not built")
+        log.warning("no C++ toolchain (c++, ninja, Python headers) and no prebuilt kernel for this CPU%s: "
+                    "the exact float32 Q4 kernel is not built",
+                    f" in ${PREBUILT_ENV}={prebuilt}" if prebuilt else "")
         return None
-    from torch.utils.cpp_extension import load
-
+    build_dir = _build_dir(cache_dir, cflags)
     with cache_lock(build_dir.with_name(build_dir.name + ".lock"), "building the Q4 CPU kernel"):
-        if library.is_file():
-            return _register(library)
-        start = time.perf_counter()
-        build_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            load(EXT_NAME, [str(SOURCE)], extra_cflags=_cflags(), build_directory=str(build_dir), verbose=False)
-        except (RuntimeError, OSError) as e:     # a compiler error: serve without it, loudly
-            log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
+        if not _library(build_dir).is_file() and not _build(build_dir, cflags):
             return None
-        log.info("built the exact float32 Q4 CPU kernel in %.1f s (%s)", time.perf_counter() - start, build_dir)
-    return _register(library)
+    return _register(_library(build_dir))
+
+
+def prebuild(root: Path) -> list[Path]:
+    """Builds every variant this architecture can run (x86: portable and AVX2/FMA, whatever the
+    building CPU has) into root/cpu-ext/, for an image without a compiler. One process per
+    variant: torch's builder renames a second build of one module name in a process."""
+    variants = [list(BASE_CFLAGS)] + ([[*BASE_CFLAGS, *X86_CFLAGS]] if _x86() else [])
+    built = []
+    for cflags in variants:
+        subprocess.run([sys.executable, "-m", "pagedkube.engine.quant.q4_fused",
+                        "--variant", str(root), *cflags], check=True)
+        library = _library(_build_dir(root, cflags))
+        if not library.is_file():
+            raise RuntimeError(f"building the Q4 kernel with {' '.join(cflags)} wrote no {library}")
+        built.append(library)
+    return built
+
+
+def main(argv: list[str]) -> int:
+    """`DIR`: every variant into DIR/cpu-ext/ (prebuild); `--variant DIR FLAG...`: one of them."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if argv[:1] == ["--variant"]:
+        return 0 if _build(_build_dir(Path(argv[1]), argv[2:]), argv[2:]) else 1
+    for path in prebuild(Path(argv[0])):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
 
 
 def q4_fits(w: Int4Weight) -> bool:
@@ -175,6 +229,8 @@ class Q4FusedKernel:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if x.dtype == torch.float32:              # the default: no cast calls around the kernel
+            return self.ext.q4_linear(x.contiguous(), w.qweight, w.scales, w.mins)
         return self.ext.q4_linear(x.float().contiguous(), w.qweight, w.scales, w.mins).to(x.dtype)
 
 

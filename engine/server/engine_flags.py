@@ -83,7 +83,9 @@ def add_decode_capture_args(p: argparse.ArgumentParser | argparse._ArgumentGroup
                        choices=DECODE_CAPTURES,
                        help="run decode-only steps as one captured program per batch bucket: on = torch.compile "
                             "on CPU (each bucket compiles at start, a minute or more), CUDA graphs on CUDA; "
-                            "off = eager; auto (default) = eager for now: capture is opt-in (docs/engine.md)"),
+                            "off = eager; auto (default) = on CPU with a C++ toolchain, compiled in the background "
+                            "while steps run eagerly, else eager; $PAGEDKUBE_DECODE_CAPTURE replaces auto "
+                            "(docs/engine.md)"),
         p.add_argument("--decode-capture-sizes", type=_as_typed(parse_sizes) if passthrough else parse_sizes,
                        default=None if passthrough else sizes,
                        help="batch-size buckets to capture, comma-separated (default "
@@ -135,7 +137,7 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         kv.add_argument("--gpu-memory-utilization", type=typed(parse_fraction), default=None,
                         help="fraction of memory this engine may use, as vLLM's: on CUDA of the GPU's total "
                              "(weights included), on CPU of the memory available after the weights; the KV pool "
-                             "takes the rest (default: 0.9 of the GPU's free memory, 512MiB on CPU)"),
+                             "takes the rest (default: 0.9 of the GPU's free memory; on CPU 0.5 of the memory available, cgroup limit included)"),
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=default(_engine("enable_prefix_caching")),
                        help="reuse the KV blocks of earlier prompts' shared prefixes"),

@@ -18,7 +18,8 @@ from model_factory import FAMILIES, load_hf_model, make_tiny_model
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.loader import resolve_dtype
 from pagedkube.engine.model_config import ModelConfig
-from pagedkube.engine.model_runner import DEFAULT_CPU_KV_BYTES, ModelRunner
+from pagedkube.engine.model_runner import (CPU_FREE_MEMORY_FRACTION, ModelRunner, available_host_memory,
+                                           cgroup_headroom)
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import ScheduledSeq, Sequence
 
@@ -166,14 +167,35 @@ def test_kv_pool_shape_and_default_size(tmp_path):
     assert len(runner.kv_caches) == 2
     assert all(k.shape == v.shape == (NUM_BLOCKS, BLOCK_SIZE, 2, 16) for k, v in runner.kv_caches)
     assert runner.max_model_len == 512
-    # Default on CPU: 512 MiB, capped at max_num_seqs full-length sequences.
+    # Default on CPU: half the memory available, capped at max_num_seqs full-length sequences.
     capped = make_runner(path, num_kv_blocks=None, max_num_seqs=3)
     assert capped.num_kv_blocks == 3 * 512 // BLOCK_SIZE
     per_block = 2 * 2 * BLOCK_SIZE * 2 * 16 * 4
     sized = make_runner(path, num_kv_blocks=None, kv_cache_memory=100 * per_block + 5)
     assert sized.num_kv_blocks == 100
+    # The pool's pages are the kernel's zero pages until written: reserving GBs here costs nothing.
+    before = available_host_memory()
     default = make_runner(path, num_kv_blocks=None, max_num_seqs=10**6)
-    assert default.num_kv_blocks == DEFAULT_CPU_KV_BYTES // per_block
+    after = available_host_memory()
+    expected = [int(m * CPU_FREE_MEMORY_FRACTION) // per_block for m in (before, after)]
+    assert min(expected) * 0.9 <= default.num_kv_blocks <= max(expected) * 1.1, (default.num_kv_blocks, expected)
+
+
+def test_the_cgroup_limit_bounds_the_memory_counted_available(tmp_path):
+    v2, v1, none = tmp_path / "v2", tmp_path / "v1", tmp_path / "none"
+    (v1 / "memory").mkdir(parents=True)
+    v2.mkdir(), none.mkdir()
+    (v2 / "memory.max").write_text("1073741824\n")
+    (v2 / "memory.current").write_text("268435456\n")
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")   # v1's "no limit"
+    (v1 / "memory" / "memory.usage_in_bytes").write_text("5\n")
+    assert cgroup_headroom(v2) == 768 * 2**20
+    assert cgroup_headroom(v1) is None and cgroup_headroom(none) is None
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_headroom(v2) is None
+    (v2 / "memory.max").write_text("1000\n")
+    assert available_host_memory(v2) == 0                      # usage over the limit: nothing to take
+    assert available_host_memory(none) > 0
 
 
 def test_sliding_window_caps_max_model_len(tmp_path):

@@ -9,6 +9,10 @@ from each 4-bit GGUF type (Q4_0, Q4_1, Q4_K: groups of 32). Built once into the 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,7 +80,7 @@ def test_bad_inputs_raise(ext):
 
 
 def test_a_second_start_loads_the_built_library_without_building(ext, tmp_path, monkeypatch, caplog):
-    build_dir = q4_fused._build_dir(cache_root())
+    build_dir = q4_fused._build_dir(cache_root(), q4_fused._cflags())
     assert (build_dir / f"{q4_fused.EXT_NAME}.so").is_file()
     monkeypatch.setattr("torch.utils.cpp_extension.load", lambda *a, **k: pytest.fail("built again"))
     q4_fused.q4_ext.cache_clear()
@@ -91,6 +95,28 @@ def test_without_a_toolchain_there_is_no_kernel_and_a_warning(tmp_path, monkeypa
     with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.q4_fused"):
         assert q4_fused.q4_ext(tmp_path) is None
     assert any("no C++ toolchain" in r.getMessage() for r in caplog.records)
+
+
+def test_a_prebuilt_library_serves_a_process_without_a_toolchain_or_cache(ext, tmp_path):
+    """The engine image's case: no compiler, an empty cache, the variants under $PAGEDKUBE_CPU_EXT_DIR."""
+    built = q4_fused._build_dir(cache_root(), q4_fused._cflags())
+    prebuilt = q4_fused._build_dir(tmp_path / "prebuilt", q4_fused._cflags())
+    prebuilt.mkdir(parents=True)
+    shutil.copy(built / f"{q4_fused.EXT_NAME}.so", prebuilt)
+    probe = ("import torch\n"
+             "from pathlib import Path\n"
+             "from pagedkube.engine.quant import q4_fused\n"
+             "assert not q4_fused._toolchain()\n"
+             "ops = q4_fused.q4_ext(Path('%s'))\n"
+             "w = torch.zeros(4, 16, dtype=torch.uint8)\n"
+             "y = ops.q4_linear(torch.ones(1, 32), w, torch.ones(4, 1), torch.full((4, 1), 0.5))\n"
+             "print(y.tolist()[0][:2])\n" % (tmp_path / "cache"))
+    env = {**os.environ, q4_fused.PREBUILT_ENV: str(tmp_path / "prebuilt"), "CXX": str(tmp_path / "no-c++"),
+           "PAGEDKUBE_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[16.0, 16.0]"        # 32 inputs x (code 0 x scale 1 + min 0.5)
+    assert not (tmp_path / "cache" / "cpu-ext").exists()       # nothing built
 
 
 def test_q8_0_lm_head_and_embedding_compute_the_reference(ext):
