@@ -193,7 +193,7 @@ def prebuild(root: Path) -> list[Path]:
     variants = [list(BASE_CFLAGS)] + ([[*BASE_CFLAGS, *X86_CFLAGS]] if _x86() else [])
     built = []
     for cflags in variants:
-        subprocess.run([sys.executable, "-m", "pagedkube.engine.quant.q4_fused",
+        subprocess.run([sys.executable, "-P", "-m", "pagedkube.engine.quant.q4_fused",   # -P: not the cwd's operator/
                         "--variant", str(root), *cflags], check=True)
         library = _library(_build_dir(root, cflags))
         if not library.is_file():
