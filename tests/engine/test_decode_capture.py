@@ -15,6 +15,10 @@ layers compiles for 1-3 minutes); `make cxx` provides the C++ toolchain torch.co
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
@@ -170,6 +174,28 @@ def test_auto_serves_eagerly_while_the_buckets_compile_in_the_background(monkeyp
     monkeypatch.setenv("PAGEDKUBE_DECODE_CAPTURE", "sometimes")
     with pytest.raises(ValueError, match="PAGEDKUBE_DECODE_CAPTURE"):
         LLM(**TINY)
+
+
+def test_a_script_that_exits_while_the_buckets_compile_exits_cleanly_with_its_own_code(tmp_path):
+    """Ending the process while the compile thread runs torch code aborted in C++'s teardown
+    (exit 134, "terminate called without an active exception"): the exit now waits for the
+    bucket in progress and keeps the script's exit code."""
+    require_cxx()
+    script = ("import sys, time\n"
+              "from pagedkube.engine.llm import LLM\n"
+              "from pagedkube.engine.sampling_params import SamplingParams\n"
+              "llm = LLM(model='builtin://tiny', device='cpu', dtype='float32', decode_capture_sizes=(1, 2, 4))\n"
+              "capture = llm.engine.runner.decode_capture\n"
+              "print(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0))[0].outputs[0].token_ids)\n"
+              "while 1 not in capture.ready:\n"
+              "    time.sleep(0.05)\n"
+              "assert capture.compiler.is_alive()\n"       # bucket 2 compiling or running
+              "sys.exit(3)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDKUBE_DECODE_CAPTURE"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")      # cold: the compile is surely running
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "terminate called" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
 @pytest.mark.slow
