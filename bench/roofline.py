@@ -62,9 +62,16 @@ def engine_weight_bytes(model: str, **engine_kwargs) -> int:
                 if key not in seen:
                     seen.add(key)
                     total += t.untyped_storage().nbytes()
-    embed, head = net.model.embed_tokens.weight, getattr(net.lm_head, "weight", None)
+    def main_tensor(module):            # nn.Embedding / nn.Linear's weight, or a packed one's codes
+        return getattr(module, "weight", None) if hasattr(module, "weight") else getattr(module, "qweight", None)
+    embed, head = main_tensor(net.model.embed_tokens), main_tensor(net.lm_head)
     if not isinstance(head, torch.Tensor) or head.untyped_storage().data_ptr() != embed.untyped_storage().data_ptr():
         total -= embed.untyped_storage().nbytes() - embed[0].nbytes     # a lookup reads one row
+        scales = getattr(net.model.embed_tokens, "scales", None)       # and one row of a packed one's scales
+        head_scales = getattr(net.lm_head, "scales", None)
+        if isinstance(scales, torch.Tensor) and (not isinstance(head_scales, torch.Tensor) or
+                                                 head_scales.untyped_storage().data_ptr() != scales.untyped_storage().data_ptr()):
+            total -= scales.untyped_storage().nbytes() - scales[0].nbytes
     del llm
     return total
 
