@@ -196,16 +196,20 @@ def allocate_kv_pool(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype
                      device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(k, v) zeroed caches per layer. Zeroed, not empty: the torch backend's decode reads whole
     blocks and masks positions past seq_len out of the softmax, and a masked NaN left in v would
-    still turn 0 * NaN into NaN (engine/attention/torch_backend.py). On CPU the whole pool is one
+    still turn 0 * NaN into NaN (engine/attention/torch_backend.py). On CPU each cache is its own
     numpy.zeros buffer: calloc takes it from the kernel's zero pages without writing them, so start-up
-    skips the fill and the resident memory grows with the blocks actually written."""
+    skips the fill and the resident memory grows with the blocks actually written. Its own, not views
+    of one buffer: torch.compile treats inputs that alias one storage as views of a "synthetic base"
+    and a captured decode step that writes to them copied the whole pool every step (1.4 s a token
+    with a 6 GB pool)."""
     if device.type != "cpu":
         return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                 for _ in range(num_layers)]
     per_cache = math.prod(shape) * dtype.itemsize
-    raw = torch.from_numpy(np.zeros(2 * num_layers * per_cache, dtype=np.uint8))
-    caches = [raw[i * per_cache:(i + 1) * per_cache].view(dtype).view(shape) for i in range(2 * num_layers)]
-    return [(caches[2 * i], caches[2 * i + 1]) for i in range(num_layers)]
+
+    def cache() -> torch.Tensor:
+        return torch.from_numpy(np.zeros(per_cache, dtype=np.uint8)).view(dtype).view(shape)
+    return [(cache(), cache()) for _ in range(num_layers)]
 
 
 @dataclass
