@@ -35,12 +35,17 @@ from pagedkube.engine.attention.metadata import AttentionMetadata
 # declares that it mutates the caches: traced as plain index_copy_ on a view of a graph input,
 # Inductor functionalized it into a copy of the whole cache, a scatter and a copy back, every
 # layer of every step (1.3 s a token with an 8,192-block pool; 9 ms with the operator).
-@torch.library.custom_op("pagedkube::write_kv", mutates_args=("k_cache", "v_cache"))
-def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+def _write_kv_slots(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
     num_blocks, block_size = k_cache.shape[:2]
     k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+
+
+@torch.library.custom_op("pagedkube::write_kv", mutates_args=("k_cache", "v_cache"))
+def _write_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+    _write_kv_slots(key, value, k_cache, v_cache, slot_mapping)
 
 
 @_write_kv_op.register_fake
@@ -54,14 +59,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     real one (>= 0): the runner never makes a negative slot (a captured step's padding rows write
     the pad block, engine/decode_capture.py), and skipping would need a boolean mask, i.e. a
     nonzero(), a host sync that neither a torch.compile full graph nor a CUDA graph can hold."""
-    num_blocks, block_size = k_cache.shape[:2]
     if key.dtype != k_cache.dtype:                # (an equal dtype's .to() is still a call per layer)
         key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
-    if torch.compiler.is_compiling():
-        _write_kv_op(key, value, k_cache, v_cache, slot_mapping)
-        return
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+    write = _write_kv_op if torch.compiler.is_compiling() else _write_kv_slots
+    write(key, value, k_cache, v_cache, slot_mapping)
 
 
 @dataclass(frozen=True)
