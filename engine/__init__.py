@@ -19,6 +19,7 @@ never imports torch. Hence the lazy attributes below.
     kv_events.py         KVEventLog: the cache feed's stored/removed events
     model_runner.py      one forward pass over a scheduled batch (torch)
     model_config.py      what the runner reads from config.json
+    host_memory.py       host memory an allocation can still take (MemAvailable, the cgroup limit)
     loader.py            builds the decoder and loads safetensors or GGUF weights
     cache_lock.py        one process at a time making a cache entry (GGUF conversion, kernel timings)
     decode_capture.py    decode steps as one captured program (torch.compile / CUDA graphs)

@@ -28,7 +28,6 @@ import shutil
 import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,7 @@ import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import DECODE_CAPTURE_ENV, DECODE_CAPTURES, EngineConfig
+from pagedkube.engine.host_memory import available_host_memory
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.distributed.checks import check_tensor_parallel
@@ -63,34 +63,6 @@ CPU_FREE_MEMORY_FRACTION = 0.5
 # gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
 # activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
 CUDA_FREE_MEMORY_FRACTION = 0.9
-
-
-def available_host_memory(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """Bytes a new allocation can get without swapping or the container's OOM kill: the kernel's
-    MemAvailable, or this cgroup's limit less its usage where that is less (in a pod MemAvailable
-    is the node's)."""
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    headroom = cgroup_headroom(cgroup)
-    return available if headroom is None else min(available, headroom)
-
-
-def cgroup_headroom(root: Path) -> int | None:
-    """limit - usage of the cgroup mounted at root (v2: memory.max/current; v1: memory/
-    limit_in_bytes/usage_in_bytes); None without a limit."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        try:
-            limit, usage = (root / limit_file).read_text().strip(), (root / usage_file).read_text().strip()
-        except OSError:
-            continue
-        if limit == "max" or int(limit) >= 2**60:     # v1 writes "no limit" as a huge number
-            return None
-        return max(0, int(limit) - int(usage))
-    return None
 
 
 def utilization_budget(fraction: float, device: torch.device) -> int:

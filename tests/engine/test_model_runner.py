@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 from model_factory import FAMILIES, load_hf_model, make_tiny_model
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.loader import resolve_dtype
+from pagedkube.engine.host_memory import available_host_memory, cgroup_headroom
 from pagedkube.engine.model_config import ModelConfig
-from pagedkube.engine.model_runner import (CPU_FREE_MEMORY_FRACTION, ModelRunner, available_host_memory,
-                                           cgroup_headroom)
+from pagedkube.engine.model_runner import CPU_FREE_MEMORY_FRACTION, ModelRunner
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import ScheduledSeq, Sequence
 

@@ -87,7 +87,8 @@ def test_a_missing_file_ends_serve_in_one_line_before_the_model_loads(flag, valu
 
 def test_gpu_memory_utilization_sizes_the_cpu_pool_from_available_memory() -> None:
     from pagedkube.engine.config import EngineConfig
-    from pagedkube.engine.model_runner import ModelRunner, available_host_memory
+    from pagedkube.engine.host_memory import available_host_memory
+    from pagedkube.engine.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig(model="builtin://tiny", device="cpu", gpu_memory_utilization=0.002))
     bytes_per_block = runner.model_config.kv_bytes_per_block(runner.block_size, runner.dtype.itemsize)
