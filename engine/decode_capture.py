@@ -144,7 +144,9 @@ class DecodeCapture:
             self.ready = frozenset(self.sizes)
             log.info("decode capture (CUDA graphs): buckets %s ready in %s s", list(self.sizes), self.compile_seconds)
             return
-        self.program = CompiledDecode(model, kv_caches, max_model_len)
+        # Built by the compile thread: torch.compile's first call imports Dynamo and Inductor
+        # (~2 s here), which would otherwise delay the engine's start.
+        self._compiled_args = (model, kv_caches, max_model_len)
         if not background:
             self._compile_buckets(background=False)
             return
@@ -168,6 +170,13 @@ class DecodeCapture:
     def _compile_buckets(self, background: bool) -> None:
         """CPU: compiles every bucket (smallest first), each one usable as soon as it is done. In
         the background a bucket that fails to compile is logged and stays eager."""
+        try:
+            self.program = CompiledDecode(*self._compiled_args)
+        except Exception:
+            if not background:
+                raise
+            log.exception("decode capture: torch.compile is unavailable; decode steps stay eager")
+            return
         with torch.inference_mode():
             for size in self.sizes:
                 if background and self._stop.is_set():

@@ -168,7 +168,7 @@ class _Sink:
         self.loaded[dst] += target.shape[0] if target.dim() else 1
 
     def finish(self, where: str) -> None:
-        if not self.cfg.tie_word_embeddings and not self.has_lm_head:
+        if not self.cfg.tie_word_embeddings and not self.has_lm_head and "lm_head.weight" in self.params:
             self.model.lm_head.weight = self.model.model.embed_tokens.weight  # Hugging Face ties when lm_head is absent
             self.loaded["lm_head.weight"] = self.expected["lm_head.weight"]
         missing = [n for n in self.params if self.loaded[n] != self.expected[n]]
@@ -219,7 +219,9 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
     full_cfg, cfg = cfg, (shard.local if shard is not None else cfg)
     with torch.device("meta"):
         model = DecoderForCausalLM(cfg, backend, max_positions, device=device, linear=linear)
-    model.to(dtype=dtype).to_empty(device=device)
+    # to_empty() without its empty_like: on meta tensors that runs torch's Python reference
+    # kernels, whose first use imports sympy (~0.6 s of a start).
+    model.to(dtype=dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     if cfg.tie_word_embeddings:                          # to_empty() unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     if cfg.gguf_file is not None and gguf is None:
@@ -233,10 +235,13 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
             calibration = KernelCalibration(counts, dtype, int(MEMORY_FACTOR * file_bytes) // world, cache_root(),
                                             fused=fused)
     projections = None if method == "none" else ProjectionWeights(model, method, dtype, device, calibration)
+    # The vocabulary kept packed is placed before the load, which then skips it (never dequantized).
+    packed_vocab = _pack_vocab(model, gguf, cfg, fused) if fused is not None and shard is None and gguf is not None \
+        else frozenset()
     sink = _Sink(model, cfg, projections, shard)
     if gguf is not None:
         dequantized: Counter[str] = Counter()
-        for t in hf_tensors(gguf, full_cfg, packed=method == "gguf"):
+        for t in hf_tensors(gguf, full_cfg, packed=method == "gguf", skip=packed_vocab):
             if isinstance(t.value, torch.Tensor) and t.ggml_type not in FLOAT_GGML_TYPES:
                 dequantized[t.ggml_type] += 1
             sink.put(t.name, t.value, gguf.path.name, t.ggml_type)
@@ -249,8 +254,6 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
                     if not name.endswith(IGNORED_SUFFIXES):   # a rank reads only its part (ShardPlan.tensor)
                         sink.put(name, f.get_slice(name) if shard is not None else f.get_tensor(name), file.name)
         sink.finish(cfg.model_dir)
-    if fused is not None and shard is None and gguf is not None:
-        _pack_vocab(model, gguf, cfg, fused)
     if projections is not None:
         log.info("quantization %s: projections run as %s", quantization if quantization != "auto" else
                  f"auto ({method})", dict(projections.kernels))
@@ -258,13 +261,13 @@ def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtyp
     return model
 
 
-def _pack_vocab(model: DecoderForCausalLM, gguf: GGUFFile, cfg: ModelConfig, ops: Q4Ops) -> None:
+def _pack_vocab(model: DecoderForCausalLM, gguf: GGUFFile, cfg: ModelConfig, ops: Q4Ops) -> frozenset[str]:
     """The embedding and lm_head as the file's Q8_0 blocks (engine/quant/packed_vocab.py), when
-    the file stores them so; the dense copies the load made are dropped."""
+    the file stores them so, in place of the dense parameters; the GGUF names it placed."""
     types = gguf.tensor_types()
     lm_name = "output.weight" if "output.weight" in types and not cfg.tie_word_embeddings else None
     if types.get("token_embd.weight") != "Q8_0" or (lm_name is not None and types[lm_name] != "Q8_0"):
-        return
+        return frozenset()
     raw = {t.name: t for t in gguf.tensors() if t.name in ("token_embd.weight", lm_name)}
     embed, lm_head = (None if name is None else pack_gguf(raw[name].raw, "Q8_0", raw[name].shape)
                       for name in ("token_embd.weight", lm_name))
@@ -272,6 +275,7 @@ def _pack_vocab(model: DecoderForCausalLM, gguf: GGUFFile, cfg: ModelConfig, ops
     pack_vocab(model, embed, lm_head, ops)
     log.info("%s: embeddings and lm_head kept as Q8_0 (%s), float32 arithmetic", gguf.path.name,
              "tied, one copy" if lm_head is None else "two tensors")
+    return frozenset(name for name in ("token_embd.weight", lm_name) if name is not None)
 
 
 def _log_gguf(file: str, method: str, dtype: torch.dtype, dequantized: Counter[str],

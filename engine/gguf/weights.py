@@ -104,7 +104,10 @@ def to_hf(tensor: GGUFTensor, cfg: ModelConfig, arch: str, packed: bool = False)
     return HFTensor(name, torch.from_numpy(np.ascontiguousarray(values)), tensor.ggml_type)
 
 
-def hf_tensors(f: GGUFFile, cfg: ModelConfig, packed: bool = False) -> Iterator[HFTensor]:
+def hf_tensors(f: GGUFFile, cfg: ModelConfig, packed: bool = False,
+               skip: frozenset[str] = frozenset()) -> Iterator[HFTensor]:
+    """skip: GGUF tensor names the caller placed itself (the vocabulary kept packed)."""
     f.check_types()
     for tensor in f.tensors():
-        yield to_hf(tensor, cfg, f.architecture, packed)
+        if tensor.name not in skip:
+            yield to_hf(tensor, cfg, f.architecture, packed)

@@ -15,8 +15,10 @@ import functools
 import hmac
 import logging
 from contextlib import asynccontextmanager
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -26,9 +28,8 @@ from pagedkube.access_log import AccessLog
 from pagedkube.engine.server.access_log import LOGGER as ACCESS_LOGGER, EngineAccessMiddleware
 from pagedkube.engine.server.cache_feed import FeedWaiters, router as cache_router
 from pagedkube.engine.server.config import ServerConfig
-from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.core_client import EngineBuildError, EngineCoreClient
-from pagedkube.engine.server.engine_core import EngineFactory
+from pagedkube.engine.server.engine_core import EngineFactory, build_engine
 from pagedkube.engine.server.errors import APIError, install_error_handlers
 from pagedkube.engine.server.http_counting import CountHTTPResponses
 from pagedkube.engine.server.lora_file import LoRAFileFollower
@@ -42,9 +43,6 @@ from pagedkube.http_limits import BodyLimits
 from pagedkube.openai_errors import DRAINING, ENGINE_UNHEALTHY, INVALID_API_KEY, NOT_READY, error_body
 from pagedkube.tracing import build_tracing
 
-if TYPE_CHECKING:
-    from pagedkube.engine.llm_engine import LLMEngine
-
 logger = logging.getLogger(__name__)
 
 # Reachable without the API key: probes and scrapes (as vLLM leaves them open).
@@ -52,16 +50,6 @@ OPEN_PATHS = ("/health", "/ready", "/metrics")
 # Threads that tokenize huge prompts (prepare.prepare). Two: on a 2-core node one can
 # tokenize while the engine core steps; more would only queue on the same cores.
 PREPARE_WORKERS = 2
-
-
-def build_engine(engine_config: EngineConfig, kv_event_sink: Callable[[str, list[bytes]], None] | None = None) -> LLMEngine:
-    from pagedkube.engine.llm_engine import LLMEngine
-    return LLMEngine(engine_config, kv_event_sink=kv_event_sink)
-
-
-def default_engine_factory(config: ServerConfig) -> EngineFactory:
-    """A picklable factory: the engine-core process gets it through multiprocessing's spawn."""
-    return functools.partial(build_engine, config.engine)
 
 
 class APIKeyMiddleware:
@@ -85,11 +73,13 @@ class APIKeyMiddleware:
         await response(scope, receive, send)
 
 
-def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None) -> FastAPI:
-    factory = engine_factory or default_engine_factory(config)
+def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None,
+               launched: tuple[Connection, BaseProcess] | None = None) -> FastAPI:
+    """launched: the engine core already started (engine_core.spawn_core) with engine_factory."""
+    factory = engine_factory or functools.partial(build_engine, config.engine)
     # The engine steps in its own process by default (no GIL shared with the HTTP event
     # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
-    engine = EngineCoreClient(factory, in_process=config.engine_in_process,
+    engine = EngineCoreClient(factory, in_process=config.engine_in_process, launched=launched,
                               heartbeat_timeout=config.heartbeat_timeout, on_fatal=lambda: state.fatal())
     state = ServerState(config=config, engine=engine,
                         workers=concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare"))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import os
 import queue
 import threading
 import time
@@ -39,7 +38,7 @@ from pagedkube.engine.kv_events import KVEventLog
 from pagedkube.engine.server.core_messages import (AbortRequests, AddRequests, CoreReady, LoadLoRA, NewRequest,
                                                    Shutdown, StepMessage, UnloadLoRA)
 from pagedkube.engine.server.engine_client import EngineInfo
-from pagedkube.engine.server.engine_core import EngineFactory, run_engine_core, serve_core
+from pagedkube.engine.server.engine_core import EngineFactory, serve_core, spawn_core
 from pagedkube.engine.server.errors import APIError
 from pagedkube.engine.server.streams import RequestStream, StreamAborted, StreamError
 from pagedkube.openai_errors import ENGINE_DEAD, QUEUE_FULL, SHUTTING_DOWN
@@ -97,8 +96,11 @@ class _CoreThread(threading.Thread):
 class EngineCoreClient:
     def __init__(self, factory: EngineFactory, *, in_process: bool = False,
                  heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
-                 on_fatal: Callable[[], None] | None = None):
+                 on_fatal: Callable[[], None] | None = None,
+                 launched: tuple[Connection, BaseProcess] | None = None):
+        """launched: a core already started by engine_core.spawn_core (with this factory)."""
         self._factory = factory
+        self._launched = launched
         self._in_process = in_process
         self.heartbeat_timeout = heartbeat_timeout
         self.on_fatal = on_fatal
@@ -125,17 +127,15 @@ class EngineCoreClient:
         """Starts the core (from the event loop's thread: PDEATHSIG follows the creating
         thread) and returns once the engine is built; RuntimeError if building failed."""
         self._loop = asyncio.get_running_loop()
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe(duplex=True)
         worker: _CoreThread | BaseProcess
-        if self._in_process:
+        if self._launched is not None:
+            self._conn, worker = self._launched
+        elif self._in_process:
+            self._conn, child = multiprocessing.Pipe(duplex=True)
             worker = _CoreThread(child, self._factory)
             worker.start()
         else:
-            worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
-                                 args=(child, self._factory, os.getpid(), logging.getLogger().level))
-            worker.start()
-            child.close()
+            self._conn, worker = spawn_core(self._factory)
         self._worker = worker
         try:
             first = await self._loop.run_in_executor(None, self._conn.recv)

@@ -16,9 +16,12 @@ process decides when it stops (a drain needs the engine until the end).
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import signal
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from pagedkube.engine.distributed.errors import WorkerFailed
@@ -28,6 +31,7 @@ from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRe
                                                    RequestError, Shutdown, StepMessage, UnloadLoRA)
 
 if TYPE_CHECKING:
+    from pagedkube.engine.config import EngineConfig
     from pagedkube.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -36,6 +40,13 @@ MAX_CONSECUTIVE_STEP_FAILURES = 3   # then the engine reports itself unhealthy (
 MAX_OPS_PER_STEP = 64               # pipe messages taken between two steps: a flood of adds cannot stall decoding
 
 EngineFactory = Callable[..., "LLMEngine"]   # factory(kv_event_sink=callable) -> LLMEngine
+
+
+def build_engine(engine_config: EngineConfig, kv_event_sink: Callable[[str, list[bytes]], None] | None = None) -> LLMEngine:
+    """The default factory, as functools.partial(build_engine, config): picklable, and defined
+    here so the spawned core process imports only what the engine needs (not the HTTP app)."""
+    from pagedkube.engine.llm_engine import LLMEngine
+    return LLMEngine(engine_config, kv_event_sink=kv_event_sink)
 
 
 class EngineCore:
@@ -199,3 +210,17 @@ def run_engine_core(conn: Connection, factory: EngineFactory, parent_pid: int, l
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [core]: %(message)s")
     serve_core(conn, factory)
+
+
+def spawn_core(factory: EngineFactory) -> tuple[Connection, BaseProcess]:
+    """Starts the core process; (this end of its pipe, the process). Call it from the thread
+    that will run the event loop (PR_SET_PDEATHSIG follows the creating thread). `pagedkube
+    serve` calls it before importing the HTTP stack, so the core's torch import and model load
+    overlap this process's imports (docs/benchmarks.md, "Start-up")."""
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe(duplex=True)
+    worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
+                         args=(child, factory, os.getpid(), logging.getLogger().level))
+    worker.start()
+    child.close()
+    return conn, worker

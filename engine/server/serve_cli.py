@@ -6,6 +6,7 @@ This module imports no torch, fastapi or uvicorn at import time (`pagedkube
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -15,6 +16,7 @@ from typing import Any
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.engine_core import build_engine, spawn_core
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
 from pagedkube.engine.server.sampling_defaults import read_generation_config
@@ -163,6 +165,9 @@ def run_serve(args: argparse.Namespace) -> int:
             logger.exception("the model cannot be served")
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
+    factory = functools.partial(build_engine, config.engine)
+    # The core imports torch and loads the model while this process imports the HTTP stack.
+    launched = None if config.engine_in_process else spawn_core(factory)
     import uvicorn
 
     from pagedkube.engine.server.app import create_app
@@ -170,7 +175,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pagedkube.engine.server.errors import error_body
     from pagedkube.http_head_limits import limited_http_protocol
 
-    app = create_app(config)
+    app = create_app(config, factory, launched)
     http = limited_http_protocol(config.head_limits, lambda status, message, code: error_body(status, message, code=code))
     state = app.state.server
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
