@@ -38,8 +38,12 @@ stop on it), so throughput counts the tokens each produced.
 
 llama-server builds from source (15-36 min on 2 cores) into a cached folder, never in CI:
 
-    .venv/bin/python bench/llama_server.py build
-    .venv/bin/python bench/cpu_peers.py [--clients 1,8,32,64] [--json out.json]
+    .venv/bin/python bench/llama_server.py build [avx2]
+    .venv/bin/python bench/cpu_peers.py [--clients 1,8,32,64] [--json out.json] [--isa avx2]
+
+(--isa avx2 on a CPU with AVX-512 measures the AVX2 class: torch, oneDNN and Inductor forced to
+AVX2 in every process, against llama-server built for AVX2; the kernel calibration cache is
+keyed on torch's vector level, so it is timed afresh under AVX2.)
 
 (the binding's server, for the record: `python3 -m venv ~/.cache/pagedkube/bench-venv &&
 ~/.cache/pagedkube/bench-venv/bin/pip install 'llama-cpp-python[server]==0.3.36'`, then
@@ -357,10 +361,10 @@ def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
     run = engine.runner.execute
     timing = {"execute": 0.0}
 
-    def timed(batch):
+    def timed(*args):
         t = time.perf_counter()
         try:
-            return run(batch)
+            return run(*args)
         finally:
             timing["execute"] += time.perf_counter() - t
     engine.runner.execute = timed
@@ -393,12 +397,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=THREADS, help="threads per engine (default 1)")
     parser.add_argument("--logdir", type=Path, default=Path("/tmp"))
+    parser.add_argument("--isa", choices=sorted(llama_server.ISA_FLAGS), default="native",
+                        help="native: this CPU's kernels; avx2: the AVX2 class on a CPU with AVX-512 (torch, oneDNN "
+                             "and Inductor forced to AVX2, llama-server built for AVX2/FMA/F16C)")
     args = parser.parse_args()
     THREADS = args.threads
+    if args.isa == "avx2":        # read by torch, oneDNN and Inductor at start: set before any import of torch
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
     from pagedkube.model_source import resolve_model_source
     source = resolve_model_source(args.model)
     gguf, skip = source.path, set(filter(None, args.skip.split(",")))
-    results: dict = {"model": str(gguf), "cpu": cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results: dict = {"model": str(gguf), "cpu": cpu_model(), "isa": args.isa,
+                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     bad = [m for m in args.modes if m not in MODES]
     if bad:
         parser.error(f"unknown --modes {bad}; choose from {sorted(MODES)}")
@@ -416,7 +426,7 @@ def main() -> None:
                 env={**os.environ, "PAGEDKUBE_DECODE_CAPTURE": "auto"}, capture="--decode-capture" not in MODES[mode])
     if "llama-server" not in skip:
         port = free_port()
-        argv, env = llama_server.command(gguf, port, THREADS, slots=max(args.clients))
+        argv, env = llama_server.command(gguf, port, THREADS, slots=max(args.clients), isa=args.isa)
         results["llama-server"] = run_server("llama-server", [*argv, "--alias", source.name], port, "/health",
                                              source.name, args.clients, args.logdir, env)
     if "llamacpp-python" not in skip:

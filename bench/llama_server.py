@@ -5,12 +5,14 @@ it is no peer for a batching server. `llama-server` batches continuously over `-
 builds from the llama.cpp sources that llama-cpp-python's sdist vendors (the same pin the older
 bench used, so both read the same file with the same kernels):
 
-    .venv/bin/python bench/llama_server.py build     # 15-36 min on 2 cores, once; prints the binary's path
+    .venv/bin/python bench/llama_server.py build [native|avx2]   # 15-36 min on 2 cores, once per ISA;
+                                                                 # prints the binary's path
 
 The build turns off what needs the network or is not served (the prebuilt web UI, OpenSSL,
-tests, examples) and compiles for this CPU (GGML_NATIVE). The binary and its shared libraries
-land in ~/.cache/pagedkube/llama-server/<version>-<cpu flags hash>/ (a folder per CPU class:
-a native build is not portable). Never in CI.
+tests, examples) and compiles for this CPU (GGML_NATIVE), or with `avx2` for the AVX2 class
+(AVX2/FMA/F16C, no AVX-512: the peer of torch forced to AVX2, bench/cpu_peers.py --isa avx2).
+The binary and its shared libraries land in ~/.cache/pagedkube/llama-server/<version>-<cpu flags
+hash or avx2>/ (a folder per CPU class: a native build is not portable). Never in CI.
 """
 from __future__ import annotations
 
@@ -25,9 +27,15 @@ from pathlib import Path
 
 VERSION = "0.3.36"   # llama-cpp-python's sdist; its vendor/llama.cpp is what gets built
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedkube" / "llama-server"
-CMAKE_FLAGS = ["-DLLAMA_BUILD_SERVER=ON", "-DGGML_NATIVE=ON", "-DCMAKE_BUILD_TYPE=Release",
+CMAKE_FLAGS = ["-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release",
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+# The kernels' instruction set: this CPU's (native), or the AVX2 class (AVX2, FMA, F16C; no
+# AVX-512), the peer for torch forced to its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) on a CPU
+# that has more.
+ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
+             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                      "-DGGML_AVX512=OFF"]}
 
 
 def _cpu_key() -> str:
@@ -39,18 +47,18 @@ def _cpu_key() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
 
 
-def folder() -> Path:
-    return CACHE / f"{VERSION}-{_cpu_key()}"
+def folder(isa: str = "native") -> Path:
+    return CACHE / (f"{VERSION}-{_cpu_key()}" if isa == "native" else f"{VERSION}-{isa}")
 
 
-def binary() -> Path | None:
+def binary(isa: str = "native") -> Path | None:
     """The cached llama-server, or None before `build`."""
-    path = folder() / "llama-server"
+    path = folder(isa) / "llama-server"
     return path if path.exists() else None
 
 
-def build(jobs: int = 2) -> Path:
-    if (done := binary()) is not None:
+def build(isa: str = "native", jobs: int = 2) -> Path:
+    if (done := binary(isa)) is not None:
         return done
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -60,28 +68,30 @@ def build(jobs: int = 2) -> Path:
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
         (src,) = work.glob(f"llama_cpp_python-{VERSION}/vendor/llama.cpp")
-        subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *CMAKE_FLAGS], check=True)
+        subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *CMAKE_FLAGS, *ISA_FLAGS[isa]],
+                       check=True)
         subprocess.run(["cmake", "--build", str(src / "build"), f"-j{jobs}", "--target", "llama-server"],
                        check=True)
-        staging = folder().with_suffix(".tmp")
+        staging = folder(isa).with_suffix(".tmp")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         bin_dir = src / "build" / "bin"
         shutil.copy2(bin_dir / "llama-server", staging)
         for lib in (src / "build").rglob("*.so*"):
             shutil.copy2(lib, staging, follow_symlinks=True)
-        staging.rename(folder())
-    path = binary()
+        staging.rename(folder(isa))
+    path = binary(isa)
     assert path is not None
     return path
 
 
-def command(gguf: Path, port: int, threads: int, slots: int, context_per_slot: int = 512) -> tuple[list[str], dict]:
+def command(gguf: Path, port: int, threads: int, slots: int, context_per_slot: int = 512,
+            isa: str = "native") -> tuple[list[str], dict]:
     """The server's argv and environment: `slots` parallel sequences (continuous batching), each
     with `context_per_slot` tokens of context, `threads` for both decode and prompt batches."""
-    path = binary()
+    path = binary(isa)
     if path is None:
-        raise FileNotFoundError(f"no llama-server under {folder()}: run `python bench/llama_server.py build`")
+        raise FileNotFoundError(f"no llama-server under {folder(isa)}: run `python bench/llama_server.py build {isa}`")
     env = {**os.environ, "LD_LIBRARY_PATH": f"{path.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     argv = [str(path), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(slots * context_per_slot), "-t", str(threads), "-tb", str(threads),
@@ -90,6 +100,6 @@ def command(gguf: Path, port: int, threads: int, slots: int, context_per_slot: i
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["build"]:
+    if sys.argv[1:2] != ["build"] or len(sys.argv) > 3 or sys.argv[2:] and sys.argv[2] not in ISA_FLAGS:
         sys.exit(__doc__)
-    print(build())
+    print(build(*sys.argv[2:]))

@@ -113,27 +113,46 @@ def _load_built(library: Path) -> ModuleType:
 
 @dataclass(frozen=True)
 class Q4Ops:
-    """The kernels as torch operators (torch.library custom ops with shape functions), so that
-    torch.compile's whole-step capture (engine/decode_capture.py, fullgraph) traces through them."""
-    q4_linear: Callable[..., torch.Tensor]
-    q4_dequantize: Callable[..., torch.Tensor]
-    q8_linear: Callable[..., torch.Tensor]
+    """The kernels: called straight from the built module in eager mode, and as torch operators
+    (torch.library custom ops with shape functions) under torch.compile, whose whole-step capture
+    (engine/decode_capture.py, fullgraph) traces through them. An eager call through the operator
+    costs the dispatcher and, on the first call, torch's import of Dynamo (~2 s; custom ops run
+    under its disable wrapper), hence the module. ext None: the operators were registered in this
+    process from another library, and eager calls go through them too."""
+    ext: ModuleType | None
+
+    def _eager(self) -> bool:
+        return self.ext is not None and not torch.compiler.is_compiling()
+
+    def q4_linear(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                  mins: torch.Tensor) -> torch.Tensor:
+        if self._eager():
+            return self.ext.q4_linear(x, qweight, scales, mins)  # type: ignore[union-attr]
+        return torch.ops.pagedkube.q4_linear(x, qweight, scales, mins)
+
+    def q4_dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        if self._eager():
+            return self.ext.q4_dequantize(qweight, scales, mins)  # type: ignore[union-attr]
+        return torch.ops.pagedkube.q4_dequantize(qweight, scales, mins)
+
+    def q8_linear(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        if self._eager():
+            return self.ext.q8_linear(x, qweight, scales)  # type: ignore[union-attr]
+        return torch.ops.pagedkube.q8_linear(x, qweight, scales)
 
 
-def _registered() -> Q4Ops | None:
-    """The operators if this process registered them already (from any cache's library)."""
+def _registered() -> bool:
+    """Whether this process registered the operators already (from any cache's library)."""
     ns = torch.ops.pagedkube
-    if not all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear")):
-        return None
-    return Q4Ops(ns.q4_linear, ns.q4_dequantize, ns.q8_linear)
+    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear"))
 
 
 def _register(library: Path) -> Q4Ops:
-    """Once per process (an operator name is registered once): backed by the first library loaded."""
-    done = _registered()
-    if done is not None:
-        return done
+    """The operators are registered once per process (an operator name is registered once),
+    backed by the first library loaded; eager calls use this library's module."""
     ext = _load_built(library)
+    if _registered():
+        return Q4Ops(ext)
 
     @torch.library.custom_op("pagedkube::q4_linear", mutates_args=())
     def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -159,7 +178,7 @@ def _register(library: Path) -> Q4Ops:
     def _(x, qweight, scales):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    return Q4Ops(q4_linear, q4_dequantize, q8_linear)
+    return Q4Ops(ext)
 
 
 @cache
@@ -171,9 +190,8 @@ def q4_ext(cache_dir: Path) -> Q4Ops | None:
     for root in ([Path(prebuilt)] if prebuilt else []) + [cache_dir]:
         if _library(_build_dir(root, cflags)).is_file():
             return _register(_library(_build_dir(root, cflags)))
-    done = _registered()          # built into another cache folder by this process
-    if done is not None:
-        return done
+    if _registered():             # built into another cache folder by this process
+        return Q4Ops(None)
     if not _toolchain():
         log.warning("no C++ toolchain (c++, ninja, Python headers) and no prebuilt kernel for this CPU%s: "
                     "the exact float32 Q4 kernel is not built",
