@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
