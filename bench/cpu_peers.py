@@ -346,10 +346,14 @@ def run_hf(gguf: Path) -> dict:
 
 def profile_step(gguf: Path, num_seqs: int = 32, steps: int = 8) -> dict:
     """Where one decode step of num_seqs sequences spends its time (torch.profiler, CPU)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
+    torch.set_num_threads(THREADS)                         # as the servers run
 
     from pagedkube.engine import LLM, SamplingParams
-    llm = LLM(str(gguf), device="cpu", max_num_seqs=num_seqs, max_model_len=1024)
+    # capture off: steps of 32 sequences run eager anyway (buckets stop at 8), and a compile thread
+    # would run its own forwards inside the profile
+    llm = LLM(str(gguf), device="cpu", max_num_seqs=num_seqs, max_model_len=1024, decode_capture="off")
     tok = llm.get_tokenizer()
     prompts = [tok.encode_chat(s.messages(0)) for s in sessions(num_seqs)]
     engine = llm.engine
