@@ -38,7 +38,7 @@ from the real weights, one layer at a time.
 The timings (never the choice, which also depends on the budget) are cached in
 <cache>/cpu-kernels.json keyed by CPU model and torch's vector level, torch version, threads timed on
 (MEASURE_THREADS), activation dtype,
-shape and candidate list, so a restart measures nothing; a corrupt file is ignored with
+shape and candidate list (and our Q4 kernel source's hash when it is a candidate), so a restart measures nothing; a corrupt file is ignored with
 a warning and rewritten.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ import torch
 from pagedkube.engine.cache_lock import cache_lock
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize
 from pagedkube.engine.quant.linear import DenseKernel, Kernel, SplitKernel, int4pack_kernel, tinygemm_fits
-from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, Q4Ops, q4_fused_kernel
+from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, Q4Ops, q4_fused_kernel, source_digest
 
 log = logging.getLogger(__name__)
 
@@ -256,10 +256,12 @@ def cpu_model() -> str:
 
 
 def cache_key(shape: Shape, dtype: torch.dtype, candidates: tuple[str, ...]) -> str:
-    """The CPU model with torch's vector level (ATEN_CPU_CAPABILITY can lower it: another class of kernels)."""
+    """The CPU model with torch's vector level (ATEN_CPU_CAPABILITY can lower it: another class of
+    kernels); with our Q4 kernels among the candidates, their source's hash (a new kernel is timed)."""
+    ours = f"|q4 {source_digest()}" if any(c.startswith(Q4_OWN) for c in candidates) else ""
     return (f"{cpu_model()} {torch.backends.cpu.get_cpu_capability()}|torch {torch.__version__}|threads {MEASURE_THREADS}|"
             f"{str(dtype).removeprefix('torch.')}|{shape.kind} {shape.n}x{shape.k} g{shape.group_size}|"
-            f"{','.join(candidates)}")
+            f"{','.join(candidates)}{ours}")
 
 
 class KernelCalibration:

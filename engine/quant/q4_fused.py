@@ -76,6 +76,12 @@ def _toolchain() -> bool:
             and os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 
 
+@cache
+def source_digest() -> str:
+    """The kernel source's hash: part of its build folder's name and of its timings' cache key."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
 def _build_dir(cache_dir: Path, cflags: list[str]) -> Path:
     key = "|".join([SOURCE.read_text(), " ".join(cflags), torch.__version__, sys.version])
     return cache_dir / "cpu-ext" / f"{EXT_NAME}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
