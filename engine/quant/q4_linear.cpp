@@ -25,7 +25,7 @@ constexpr int64_t kGroup = 32;
 // The 32 codes of one group (16 bytes) as floats, w[0..4) of 8 each. Codes k..k+8 are the eight
 // nibbles of one little-endian 32-bit word (low nibble first): broadcast it, shift lane j right
 // by 4j, mask. No byte shuffles: those all go to one port on most x86 cores, and the unpack and
-// widen form of this took 1.1-1.4x longer per one-row call (docs/benchmarks.md).
+// widen form of this took up to 1.26x longer per one-row call (docs/benchmarks.md).
 inline void codes(const uint8_t* q, __m256 w[4]) {
   const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i mask = _mm256_set1_epi32(0x0F);
