@@ -36,10 +36,10 @@ still fits (the decode one when nothing else does). Only the chosen kernels are 
 from the real weights, one layer at a time.
 
 The timings (never the choice, which also depends on the budget) are cached in
-<cache>/cpu-kernels.json keyed by CPU model and torch's vector level, torch version, threads timed on
-(MEASURE_THREADS), activation dtype,
-shape and candidate list (and our Q4 kernel source's hash when it is a candidate), so a restart measures nothing; a corrupt file is ignored with
-a warning and rewritten.
+<cache>/cpu-kernels.json keyed by CPU model and torch's vector level, torch version, threads
+timed on (MEASURE_THREADS), activation dtype, shape and candidate list (and our Q4 kernel
+source's hash when it is a candidate), so a restart measures nothing; a corrupt file is
+ignored with a warning and rewritten.
 """
 from __future__ import annotations
 
