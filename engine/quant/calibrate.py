@@ -55,7 +55,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -207,8 +207,8 @@ def _rotation_seconds(kernels: list[Kernel], x: torch.Tensor) -> float:
 def _measure(shape: Shape, candidates: tuple[str, ...], dtype: torch.dtype,
              fused: Q4Ops | None) -> dict[str, Timing]:
     w = synthetic_weight(shape)
-    values = [getattr(w, f.name) for f in fields(w)]
-    copies = [w] + [type(w)(*(v.clone() if isinstance(v, torch.Tensor) else v for v in values))
+    tensors = [f.name for f in fields(w) if isinstance(getattr(w, f.name), torch.Tensor)]
+    copies = [w] + [replace(w, **{name: getattr(w, name).clone() for name in tensors})
                     for _ in range(rotation_copies(shape) - 1)]
     kernels = {c: [build(c, copy, fused) for copy in copies] for c in candidates}
     gen = torch.Generator().manual_seed(1)
