@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -40,6 +41,17 @@ inline float hsum(__m256 v) {
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
   return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+
+// sum_i a[i] b[i], eight lanes at a time: a row's mins . x's group sums. As a scalar loop this
+// was a chain of dependent adds per output row, ~9% of a one-row call (docs/benchmarks.md).
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
 }
 
 // Q8_0's 32 signed codes of one group (32 bytes) as floats.
@@ -72,13 +84,25 @@ inline void row_tile(const uint8_t* q, const float* scales, const float* mins, c
     }
   }
   for (int r = 0; r < R; ++r) {
-    float offset = 0;
-    if constexpr (!Q8)
-      for (int64_t g = 0; g < groups; ++g) offset += mins[g] * xsum[r * groups + g];
-    y[r * y_stride] = hsum(acc[r]) + offset;
+    if constexpr (Q8)
+      y[r * y_stride] = hsum(acc[r]);
+    else
+      y[r * y_stride] = hsum(acc[r]) + dot(mins, xsum + r * groups, groups);
   }
 }
 #endif
+
+// The sum of one group of 32 floats.
+inline float group_sum(const float* x) {
+#ifdef Q4_AVX2
+  return hsum(_mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8)),
+                            _mm256_add_ps(_mm256_loadu_ps(x + 16), _mm256_loadu_ps(x + 24))));
+#else
+  float sum = 0;
+  for (int j = 0; j < kGroup; ++j) sum += x[j];
+  return sum;
+#endif
+}
 
 // Output column n of y for every row of x (xsum: x's sums per group, [M, K / 32]; Q8: unused).
 template <bool Q8>
@@ -128,8 +152,11 @@ torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, co
   const float* sp = scales.data_ptr<float>();
   const float* mp = mins.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  auto xsum = x.view({m_rows, groups, kGroup}).sum(-1).contiguous();
-  const float* xs = xsum.data_ptr<float>();
+  // x's sums per group, here rather than with torch's sum: an operator call costs more than the
+  // sums (120 calls a decode step on the default model).
+  std::vector<float> xsum(static_cast<size_t>(m_rows * groups));
+  for (int64_t i = 0; i < m_rows * groups; ++i) xsum[i] = group_sum(xp + i * kGroup);
+  const float* xs = xsum.data();
   at::parallel_for(0, n_rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n)
       one_output<false>(qp + n * (k / 2), sp + n * groups, mp + n * groups, xp, xs, m_rows, k, yp + n, n_rows);

@@ -1,0 +1,91 @@
+"""Two versions of our Q4 CPU kernel (engine/quant/q4_linear.cpp) timed against each other in one
+process: this checkout's source and the one at --against REV, built side by side.
+
+A pass is what one decode step asks of the kernel on the default model: every projection of 30
+layers (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536), each layer its own weight, so
+the weights stream from memory as in a real step (~80 MB of codes, scales and mins). The two
+builds take turns, one pass each per round; each reports its fastest pass and the ratio. Outputs
+are compared too: the max relative difference between the two builds' results.
+
+    .venv/bin/python bench/q4_kernel_ab.py --against HEAD~1 [--rows 1,8] [--rounds 30]
+    ATEN_CPU_CAPABILITY=avx2 ...   # has no effect on our kernel (built for AVX2/FMA either way)
+
+Builds go to a temporary folder (~1 min each on 2 cores); nothing in the cache is touched.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pagedkube.engine.quant import q4_fused
+
+LAYERS = 30
+SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+REPO = Path(__file__).resolve().parent.parent
+
+
+def build(source: Path, name: str, folder: Path):
+    from torch.utils.cpp_extension import load
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(name, [str(source)], extra_cflags=q4_fused._cflags(), build_directory=str(folder), verbose=False)
+
+
+def weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(LAYERS):
+        for n, k in SHAPES:
+            q = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+            scales = torch.rand(n, k // 32, generator=gen) / 64 + 1e-3
+            out.append((q, scales, -8 * scales + torch.rand(n, k // 32, generator=gen) / 256))
+    return out
+
+
+def one_pass(ext, ws, xs: dict[int, torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+    start = time.perf_counter()
+    ys = [ext.q4_linear(xs[q.shape[1] * 2], q, s, m) for q, s, m in ws]
+    return time.perf_counter() - start, ys
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--against", required=True, help="git revision of the other kernel source")
+    ap.add_argument("--rows", default="1,8", help="comma list of activation rows (decode batch sizes)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="q4-ab-"))
+    old_source = tmp / "q4_linear_old.cpp"
+    old_source.write_text(subprocess.run(["git", "show", f"{args.against}:engine/quant/q4_linear.cpp"], cwd=REPO,
+                                         check=True, capture_output=True, text=True).stdout)
+    builds = {"this": build(q4_fused.SOURCE, "q4_ab_this", tmp / "this"),
+              args.against: build(old_source, "q4_ab_old", tmp / "old")}
+    ws = weights()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), cflags {q4_fused._cflags()}, "
+          f"{sum(q.numel() + 8 * s.numel() for q, s, _ in ws) / 1e6:.1f} MB per pass")
+    for rows in map(int, args.rows.split(",")):
+        gen = torch.Generator().manual_seed(rows)
+        xs = {k: torch.randn(rows, k, generator=gen) for k in {k for _, k in SHAPES}}
+        best = {name: float("inf") for name in builds}
+        outs = {}
+        with torch.inference_mode():
+            for name, ext in builds.items():
+                _, outs[name] = one_pass(ext, ws, xs)        # first call: page faults, allocator
+            for _ in range(args.rounds):
+                for name, ext in builds.items():
+                    seconds, _ = one_pass(ext, ws, xs)
+                    best[name] = min(best[name], seconds)
+        diff = max(float(((a - b).abs().max() / b.abs().max())) for a, b in zip(*outs.values()))
+        times = " ".join(f"{name} {1e3 * s:.3f} ms" for name, s in best.items())
+        print(f"rows {rows}: {times}; {args.against} / this {best[args.against] / best['this']:.3f}x; "
+              f"max relative difference {diff:.1e}")
+
+
+if __name__ == "__main__":
+    main()
