@@ -119,7 +119,7 @@ def _load_built(library: Path) -> ModuleType:
 @dataclass(frozen=True)
 class Q4Ops:
     """The kernels: called straight from the built module in eager mode, and as torch operators
-    (torch.library custom ops with shape functions) under torch.compile, whose whole-step capture
+    (the library's, registered in C++, with shape functions from Python) under torch.compile, whose whole-step capture
     (engine/decode_capture.py, fullgraph) traces through them. An eager call through the operator
     costs the dispatcher and, on the first call, torch's import of Dynamo (~2 s; custom ops run
     under its disable wrapper), hence the module. ext None: the operators were registered in this
@@ -154,32 +154,21 @@ def _registered() -> bool:
 
 def _register(library: Path) -> Q4Ops:
     """The operators are registered once per process (an operator name is registered once),
-    backed by the first library loaded; eager calls use this library's module."""
+    backed by the first library loaded (in C++: the library's register_ops), with their shape
+    functions here; eager calls use this library's module."""
     ext = _load_built(library)
-    if _registered():
+    if _registered() or not ext.register_ops():
         return Q4Ops(ext)
 
-    @torch.library.custom_op("pagedkube::q4_linear", mutates_args=())
-    def q4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-        return ext.q4_linear(x, qweight, scales, mins)
-
-    @q4_linear.register_fake
+    @torch.library.register_fake("pagedkube::q4_linear")
     def _(x, qweight, scales, mins):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    @torch.library.custom_op("pagedkube::q4_dequantize", mutates_args=())
-    def q4_dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-        return ext.q4_dequantize(qweight, scales, mins)
-
-    @q4_dequantize.register_fake
+    @torch.library.register_fake("pagedkube::q4_dequantize")
     def _(qweight, scales, mins):
         return scales.new_empty((qweight.shape[0], qweight.shape[1] * 2))
 
-    @torch.library.custom_op("pagedkube::q8_linear", mutates_args=())
-    def q8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return ext.q8_linear(x, qweight, scales)
-
-    @q8_linear.register_fake
+    @torch.library.register_fake("pagedkube::q8_linear")
     def _(x, qweight, scales):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -219,7 +220,32 @@ torch::Tensor q4_dequantize(const torch::Tensor& qweight, const torch::Tensor& s
   return w;
 }
 
+// The kernels as torch operators pagedkube::q4_linear, q4_dequantize and q8_linear, for
+// torch.compile's captured step (engine/decode_capture.py), registered when Python asks
+// (q4_fused._register: once a process, from the first library loaded). Registered here, a
+// call from the compiled step goes through the dispatcher straight to the kernel; as Python
+// custom operators each call ran a stack of Python wrappers, ~10% of a captured decode step.
+// The shape functions (fake kernels) are Python's.
+namespace {
+std::unique_ptr<torch::Library> ops_def, ops_cpu;
+}
+
+bool register_ops() {
+  if (c10::Dispatcher::singleton().findSchema({"pagedkube::q4_linear", ""}).has_value()) return false;
+  ops_def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "pagedkube", std::nullopt, __FILE__, __LINE__);
+  ops_def->def("q4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
+  ops_def->def("q4_dequantize(Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
+  ops_def->def("q8_linear(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
+  ops_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "pagedkube", c10::DispatchKey::CPU, __FILE__,
+                                             __LINE__);
+  ops_cpu->impl("q4_linear", TORCH_FN(q4_linear));
+  ops_cpu->impl("q4_dequantize", TORCH_FN(q4_dequantize));
+  ops_cpu->impl("q8_linear", TORCH_FN(q8_linear));
+  return true;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("register_ops", &register_ops, "register the torch operators (False: registered already)");
   m.def("q8_linear", &q8_linear, "y = x W^T, W GGUF Q8_0 (int8 codes, float32 scale per 32 inputs), float32");
   m.def("q4_dequantize", &q4_dequantize, "W as float32, as formats.dequantize computes it");
   m.def("q4_linear", &q4_linear, "y = x W^T, W 4-bit with float32 scale and min per 32 inputs (float32)");
