@@ -40,8 +40,11 @@ fixed at capture (it reads only up to each seq_len; empty splits drop out in its
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
+import os
+import sys
 import threading
 import time
 import types
@@ -170,6 +173,13 @@ class DecodeCapture:
     def _compile_buckets(self, background: bool) -> None:
         """CPU: compiles every bucket (smallest first), each one usable as soon as it is done. In
         the background a bucket that fails to compile is logged and stays eager."""
+        if background:
+            with _yielding_to_the_engine():
+                self._compile_all(background)
+        else:
+            self._compile_all(background)
+
+    def _compile_all(self, background: bool) -> None:
         try:
             self.program = CompiledDecode(*self._compiled_args)
         except Exception:
@@ -218,6 +228,35 @@ class DecodeCapture:
             return None
         self.num_captured_steps += 1
         return self.program(self.padded(bucket, step))[:n]
+
+
+# Measured (docs/benchmarks.md, "The background compile and the engine's steps"): one client's
+# eager tokens during the compile took 0.5-2 s each with the defaults (5 ms, nice 0), 45-80 ms
+# with these, and the four buckets were still ready ~45 s after start with a warm Inductor cache.
+COMPILE_SWITCH_INTERVAL_S = 0.001
+COMPILE_NICE = 10
+
+
+@contextlib.contextmanager
+def _yielding_to_the_engine():
+    """The background compile gives way to the engine's steps. Two things starve an eager step
+    while Dynamo and Inductor run on the compile thread: the GIL (torch's Python bindings release
+    it around every op, and a thread that wants it back waits a whole switch interval, 5 ms by
+    default, while the compile thread holds it: a step of ~1,000 ops took 0.5-2 s instead of
+    ~30-50 ms) and the CPU (Inductor's C++ compiler processes on a 2-core machine). So, while the
+    compile runs, the interpreter's switch interval drops to COMPILE_SWITCH_INTERVAL_S (restored
+    after), and the compile thread, with the compiler processes it starts, runs at nice
+    COMPILE_NICE (Linux sets nice per thread; children inherit it)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (AttributeError, OSError):    # not Linux, or not allowed: the compile keeps its priority
+        pass
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 class CompiledDecode:

@@ -15,6 +15,7 @@ layers compiles for 1-3 minutes); `make cxx` provides the C++ toolchain torch.co
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
 from toolchain import require_cxx
 from torch._dynamo.utils import counters
 
+from pagedkube.engine.decode_capture import COMPILE_NICE, COMPILE_SWITCH_INTERVAL_S
 from pagedkube.engine.llm import LLM
 from pagedkube.engine.sampling_params import SamplingParams
 
@@ -157,14 +159,22 @@ def test_auto_serves_eagerly_while_the_buckets_compile_in_the_background(monkeyp
     eager = LLM(**TINY, decode_capture="off")
     batch = prompts(4)
     want = token_ids(eager, batch)
+    interval = sys.getswitchinterval()
     llm = LLM(**dict(TINY, num_kv_blocks=64), decode_capture_sizes=SIZES)     # decode_capture left at auto
     capture = llm.engine.runner.decode_capture
     assert capture is not None and capture.compiler is not None and capture.ready != set(SIZES)
-    rounds = 0
+    rounds, intervals, nices = 0, set(), set()
     while capture.compiler.is_alive():
         assert token_ids(llm, batch) == want and token_ids(llm, batch[:1]) == want[:1]
         rounds += 1
+        intervals.add(sys.getswitchinterval())
+        with contextlib.suppress(OSError):          # the thread may have just ended
+            nices.add(os.getpriority(os.PRIO_PROCESS, capture.compiler.native_id))
     assert rounds > 0 and capture.ready == set(SIZES), (rounds, capture.ready)
+    # the compile gave way to the steps (a shorter switch interval, a lower priority), and the
+    # interpreter's interval is back once it is done
+    assert COMPILE_SWITCH_INTERVAL_S in intervals and COMPILE_NICE in nices, (intervals, nices)
+    assert sys.getswitchinterval() == interval and os.getpriority(os.PRIO_PROCESS, 0) != COMPILE_NICE
     before = capture.num_captured_steps
     assert token_ids(llm, batch) == want and token_ids(llm, batch[:1]) == want[:1]
     assert capture.num_captured_steps - before == 2 * 39          # every decode step of both, captured
