@@ -75,10 +75,11 @@ LLAMA_VENV = Path.home() / ".cache" / "pagedkube" / "bench-venv"
 MODES = {"fp32": ["--quantization", "none", "--dtype", "float32", "--decode-capture", "off"],
          "gguf": ["--quantization", "auto"], "gguf-eager": ["--quantization", "auto", "--decode-capture", "off"],
          "int8": ["--quantization", "int8"], "int4": ["--quantization", "int4"],
-         "gguf-captured": ["--quantization", "auto", "--decode-capture", "on", "--decode-capture-sizes", "1,8"]}
+         "gguf-captured": ["--quantization", "auto", "--decode-capture", "on", "--decode-capture-sizes", "1,8"],
+         "gguf-wide": ["--quantization", "auto", "--decode-capture-sizes", "1,2,4,8,16,32,64"]}
 MODE_KWARGS = {"fp32": dict(quantization="none", dtype="float32"), "gguf": dict(quantization="auto"),
                "gguf-eager": dict(quantization="auto"),
-               "gguf-captured": dict(quantization="auto"),
+               "gguf-captured": dict(quantization="auto"), "gguf-wide": dict(quantization="auto"),
                "int8": dict(quantization="int8"), "int4": dict(quantization="int4")}
 MAX_TOKENS = 32
 AGREEMENT_CHATS, AGREEMENT_TOKENS = 16, 48

@@ -14,6 +14,11 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # engine's choice: compiled in the background on CPU where it can be, eager on CUDA for now
 # (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
 DECODE_CAPTURES = ("auto", "on", "off")
+# The KV cache's element type (vLLM's --kv-cache-dtype): auto = float16 on the CPU's exact
+# packed path (a GGUF file's Q4/Q8 weights, float32 activations, our float32 Q4 kernel: a float16
+# cache gave the same greedy ids on all 32 quality chats at half the memory), else the
+# activation dtype (engine/loader.py resolve_kv_cache_dtype)
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DECODE_CAPTURE_ENV = "PAGEDKUBE_DECODE_CAPTURE"   # replaces an "auto" setting (a deployment's default)
 # Batch-size buckets of captured decode steps: vLLM captures 1, 2, 4, 8 and then steps of 8; past 8
 # sequences a step's per-op cost is spread over the batch, and each CPU bucket compiles for a
@@ -35,6 +40,7 @@ class EngineConfig:
     model: str | None = None            # a Hugging Face directory, a GGUF file or a model name (pagedkube.model_source); None = smollm2-135m-instruct
     device: str = "auto"                # auto = cuda when available, else cpu
     dtype: str = "auto"                 # auto = the checkpoint's torch_dtype on CUDA, float32 on CPU
+    kv_cache_dtype: str = "auto"        # one of KV_CACHE_DTYPES
     block_size: int = 16                # tokens per KV block (vLLM's default)
     num_kv_blocks: int | None = None    # None = sized from kv_cache_memory
     kv_cache_memory: int | None = None  # bytes for the KV pool; None = runner's default for the device
@@ -87,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.decode_capture not in DECODE_CAPTURES:

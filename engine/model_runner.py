@@ -43,7 +43,7 @@ from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
 from pagedkube.engine.distributed.sharding import ShardPlan
-from pagedkube.engine.loader import load_model, resolve_dtype, resolve_quantization
+from pagedkube.engine.loader import load_model, resolve_dtype, resolve_kv_cache_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.sampler import Sampler
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq
@@ -222,6 +222,7 @@ class ModelRunner:
         gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
         quantized = serves_quantized_weights(config, self.model_config, gguf)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, quantized)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
@@ -248,7 +249,7 @@ class ModelRunner:
         capture = resolve_decode_capture(config, self.device, tensor_parallel=tp is not None)
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
         shape = (self.num_kv_blocks + (capture != "off"), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.dtype, self.device)
+        self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.kv_dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
         self.decode_capture: DecodeCapture | None = None
@@ -276,7 +277,7 @@ class ModelRunner:
     def _num_kv_blocks(self, cfg: ModelConfig) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        bytes_per_block = cfg.kv_bytes_per_block(self.block_size, self.dtype.itemsize)
+        bytes_per_block = cfg.kv_bytes_per_block(self.block_size, self.kv_dtype.itemsize)
         budget = self.config.kv_cache_memory
         cap = None
         if self.config.gpu_memory_utilization is not None:

@@ -15,8 +15,8 @@ import re
 from typing import Any, Callable
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import (DECODE_CAPTURES, DEVICES, DTYPES, QUANTIZATIONS, STRUCTURED_OUTPUTS_BACKENDS,
-                                     EngineConfig)
+from pagedkube.engine.config import (DECODE_CAPTURES, DEVICES, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
+                                     STRUCTURED_OUTPUTS_BACKENDS, EngineConfig)
 from pagedkube.engine.server.config import ServerConfig
 from pagedkube.engine.server.tool_parsers import PARSER_NAMES
 from pagedkube.model_source import MODEL_FLAG_HELP
@@ -108,6 +108,10 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         g.add_argument("--served-model-name", default=None, help="model name in the API (default: directory name)"),
         g.add_argument("--device", default=default(_engine("device")), choices=DEVICES),
         g.add_argument("--dtype", default=default(_engine("dtype")), choices=DTYPES),
+        g.add_argument("--kv-cache-dtype", default=default(_engine("kv_cache_dtype")), choices=KV_CACHE_DTYPES,
+                       help="the KV cache's element type: auto (default) = float16 on CPU beside packed (GGUF "
+                            "Q4/Q8) weights run by the exact float32 kernels, else the activation dtype; on CUDA "
+                            "only the activation dtype"),
         g.add_argument("--quantization", default=default(_engine("quantization")), choices=QUANTIZATIONS,
                        help="weights: auto = a GGUF file's types as stored, a float model as float; none = all "
                             "dense; int8 / int4 = quantize the projections at load (default auto)"),

@@ -75,7 +75,8 @@ def build_config(args: argparse.Namespace) -> ServerConfig:
     chat_template = load_chat_template(args.chat_template) if args.chat_template is not None else None
     read_generation_config(args.generation_config)
     engine = EngineConfig(
-        model=with_revision(args.model_tag or args.model, args.revision), device=args.device, dtype=args.dtype, block_size=args.block_size,
+        model=with_revision(args.model_tag or args.model, args.revision), device=args.device, dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=args.enable_prefix_caching,
         tokenizer=args.tokenizer, chat_template=chat_template,

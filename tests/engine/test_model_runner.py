@@ -15,11 +15,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model_factory import FAMILIES, load_hf_model, make_tiny_model
+from toolchain import require_cxx
+
 from pagedkube.engine.config import EngineConfig
+from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.loader import resolve_dtype
 from pagedkube.engine.host_memory import available_host_memory, cgroup_headroom
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.model_runner import CPU_FREE_MEMORY_FRACTION, ModelRunner
+from pagedkube.engine.quant.q4_fused import q4_ext
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import ScheduledSeq, Sequence
 
@@ -287,4 +291,37 @@ def test_auto_dtype_is_float32_on_cpu_packed_weights_or_not(tmp_path, kind, quan
     assert serves_quantized_weights(config, ModelConfig.from_pretrained(str(path))) is packed
     runner = ModelRunner(config)
     assert runner.dtype == torch.float32
-    assert runner.kv_caches[0][0].dtype == runner.dtype
+    # the KV cache: float16 beside packed projections our exact kernel runs (resolve_kv_cache_dtype),
+    # else the activations'
+    exact_packed = packed and q4_ext(cache_root()) is not None
+    assert runner.kv_caches[0][0].dtype == (torch.float16 if exact_packed else torch.float32) == runner.kv_dtype
+
+
+def test_kv_cache_dtype_resolution_and_a_forced_one(tmp_path, monkeypatch):
+    from gguf_factory import write_tiny_gguf
+    from pagedkube.engine.loader import resolve_kv_cache_dtype
+    require_cxx()
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=True) == torch.float16
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=False) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu, packed_weights=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cuda, packed_weights=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", torch.float32, cpu, packed_weights=True) == torch.float32
+    assert resolve_kv_cache_dtype("bfloat16", torch.bfloat16, cuda, packed_weights=False) == torch.bfloat16
+    with pytest.raises(ValueError, match="Triton"):
+        resolve_kv_cache_dtype("float16", torch.bfloat16, cuda, packed_weights=False)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(model="builtin://tiny", kv_cache_dtype="fp8")
+    # forced float32 beside packed weights: the pool is float32 and twice the bytes per block,
+    # so the same memory holds half the blocks
+    path = write_tiny_gguf(tmp_path / "tiny-Q4_0.gguf", "llama", "Q4_0")
+    runners = {kv: ModelRunner(EngineConfig(model=str(path), device="cpu", kv_cache_dtype=kv, kv_cache_memory=2**22,
+                                            attention_backend="torch", decode_capture="off"))
+               for kv in ("auto", "float32")}
+    assert runners["auto"].kv_caches[0][0].dtype == torch.float16
+    assert runners["float32"].kv_caches[0][0].dtype == torch.float32
+    assert runners["auto"].num_kv_blocks == 2 * runners["float32"].num_kv_blocks
+    # without our exact kernel (no C++ toolchain) the projections round to bf16, and the cache
+    # stays in the activation dtype (a float16 one cost agreement there)
+    monkeypatch.setattr("pagedkube.engine.loader.q4_ext", lambda cache: None)
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=True) == torch.float32

@@ -33,7 +33,7 @@ def test_up_passes_decode_capture_to_every_engine() -> None:
 
 # One value for every engine flag `up` passes through (engine/server/engine_flags.py).
 EVERY_ENGINE_FLAG = ["--model", "builtin://tiny", "--served-model-name", "m", "--device", "cpu", "--dtype", "float32",
-                     "--quantization", "none", "--decode-capture", "off", "--decode-capture-sizes", "1,2",
+                     "--kv-cache-dtype", "float16", "--quantization", "none", "--decode-capture", "off", "--decode-capture-sizes", "1,2",
                      "--block-size", "32", "--kv-cache-memory", "512MiB", "--max-num-seqs", "8",
                      "--max-num-batched-tokens", "512", "--max-model-len", "256", "--max-waiting", "-1",
                      "--drain-timeout", "2.5", "--seed", "7", "--access-log", "json"]
@@ -49,8 +49,8 @@ def test_up_passes_every_engine_flag_as_serve_parses_it() -> None:
     via_up = build_config(build_parser().parse_args(["serve", *passed]))
     direct = build_config(build_parser().parse_args(["serve", *EVERY_ENGINE_FLAG]))
     assert via_up == direct
-    assert (via_up.engine.kv_cache_memory, via_up.engine.decode_capture_sizes, via_up.max_waiting) == \
-        (512 << 20, (1, 2), None)
+    assert (via_up.engine.kv_cache_memory, via_up.engine.decode_capture_sizes, via_up.max_waiting,
+            via_up.engine.kv_cache_dtype) == (512 << 20, (1, 2), None, "float16")
 
 
 def test_up_checks_engine_values_before_starting_anything(capsys) -> None:

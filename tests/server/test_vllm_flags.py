@@ -91,7 +91,7 @@ def test_gpu_memory_utilization_sizes_the_cpu_pool_from_available_memory() -> No
     from pagedkube.engine.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig(model="builtin://tiny", device="cpu", gpu_memory_utilization=0.002))
-    bytes_per_block = runner.model_config.kv_bytes_per_block(runner.block_size, runner.dtype.itemsize)
+    bytes_per_block = runner.model_config.kv_bytes_per_block(runner.block_size, runner.kv_dtype.itemsize)
     expected = 0.002 * available_host_memory() / bytes_per_block
     assert abs(runner.num_kv_blocks - expected) < 0.05 * expected   # available memory drifts a little
 
