@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from pagedkube.defaults import default_of
-from pagedkube.engine.config import DEVICES, DTYPES, QUANTIZATIONS, EngineConfig
+from pagedkube.engine.config import DEVICES, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.server.engine_flags import add_decode_capture_args
 from pagedkube.model_source import MODEL_FLAG_HELP
@@ -32,6 +32,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--device", default=default_of(EngineConfig, "device"), choices=DEVICES)
     p.add_argument("--dtype", default=default_of(EngineConfig, "dtype"), choices=DTYPES)
+    p.add_argument("--kv-cache-dtype", default=default_of(EngineConfig, "kv_cache_dtype"), choices=KV_CACHE_DTYPES,
+                   help="the KV cache's element type (default auto; docs/engine.md)")
     p.add_argument("--quantization", default=default_of(EngineConfig, "quantization"), choices=QUANTIZATIONS,
                    help="auto (a GGUF file's types as stored), none, int8 or int4 (default auto)")
     p.add_argument("--num-kv-blocks", type=int, default=None)
@@ -50,7 +52,8 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens, stop=args.stop)
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, num_kv_blocks=args.num_kv_blocks,
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype,
+                  num_kv_blocks=args.num_kv_blocks,
                   quantization=args.quantization, decode_capture=args.decode_capture,
                   decode_capture_sizes=args.decode_capture_sizes, tensor_parallel_size=args.tensor_parallel_size)
         prompt: str | list[int] = args.prompt
