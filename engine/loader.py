@@ -85,10 +85,10 @@ def resolve_dtype(requested: str, device: torch.device, cfg: ModelConfig) -> tor
 
 
 def resolve_kv_cache_dtype(requested: str, activation: torch.dtype, device: torch.device,
-                           packed_weights: bool) -> torch.dtype:
-    """The KV cache's dtype. "auto": float16 on the CPU's exact packed path (projections packed,
-    float32 activations, our float32 Q4 kernel built: the GGUF default), else the activation
-    dtype. Measured on the default model, 32 quality chats x 32 greedy tokens against the float32
+                           calibrated: bool) -> torch.dtype:
+    """The KV cache's dtype. "auto": float16 on the CPU's exact packed path (packed projections
+    whose kernels the calibration chooses, i.e. --quantization and --dtype both auto; float32
+    activations; our float32 Q4 kernel built: the GGUF default), else the activation dtype. Measured on the default model, 32 quality chats x 32 greedy tokens against the float32
     reference (docs/benchmarks.md "A float16 KV cache"): on the exact path a float16 cache kept
     all 32 chats identical (|dlogprob| 0.0005) at half the bytes per token (bfloat16: 0.89);
     beside torch's bf16 projection kernels (no C++ toolchain) it moved agreement from 0.83 to
@@ -96,7 +96,7 @@ def resolve_kv_cache_dtype(requested: str, activation: torch.dtype, device: torc
     (--quantization none) keeps its activation dtype: exact with transformers. On CUDA the
     Triton kernels read the cache in the activation dtype: another one is refused."""
     if requested == "auto":
-        exact_packed = (device.type == "cpu" and packed_weights and activation == torch.float32
+        exact_packed = (device.type == "cpu" and calibrated and activation == torch.float32
                         and q4_ext(cache_root()) is not None)
         return torch.float16 if exact_packed else activation
     if requested not in DTYPES:

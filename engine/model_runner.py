@@ -222,13 +222,13 @@ class ModelRunner:
         gguf = GGUFFile(self.model_config.gguf_file) if self.model_config.gguf_file is not None else None
         quantized = serves_quantized_weights(config, self.model_config, gguf)
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
-        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, quantized)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
         self.backend = select_backend(config.attention_backend, self.device)
         # both flags auto: each packed projection's kernel is measured here (engine/quant/calibrate.py);
         # an explicit --quantization or --dtype is taken as given
         calibrate = quantized and config.quantization == "auto" and config.dtype == "auto"
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, calibrate)
         shard = None
         if tp is not None:
             method = resolve_quantization(config.quantization, self.model_config)

@@ -110,8 +110,8 @@ def add_engine_args(p: argparse.ArgumentParser, *, passthrough: bool = False,
         g.add_argument("--dtype", default=default(_engine("dtype")), choices=DTYPES),
         g.add_argument("--kv-cache-dtype", default=default(_engine("kv_cache_dtype")), choices=KV_CACHE_DTYPES,
                        help="the KV cache's element type: auto (default) = float16 on CPU beside packed (GGUF "
-                            "Q4/Q8) weights run by the exact float32 kernels, else the activation dtype; on CUDA "
-                            "only the activation dtype"),
+                            "Q4/Q8) weights run by the exact float32 kernels (--quantization and --dtype auto), "
+                            "else the activation dtype; on CUDA only the activation dtype"),
         g.add_argument("--quantization", default=default(_engine("quantization")), choices=QUANTIZATIONS,
                        help="weights: auto = a GGUF file's types as stored, a float model as float; none = all "
                             "dense; int8 / int4 = quantize the projections at load (default auto)"),

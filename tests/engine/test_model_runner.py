@@ -293,7 +293,7 @@ def test_auto_dtype_is_float32_on_cpu_packed_weights_or_not(tmp_path, kind, quan
     assert runner.dtype == torch.float32
     # the KV cache: float16 beside packed projections our exact kernel runs (resolve_kv_cache_dtype),
     # else the activations'
-    exact_packed = packed and q4_ext(cache_root()) is not None
+    exact_packed = packed and quantization == "auto" and q4_ext(cache_root()) is not None
     assert runner.kv_caches[0][0].dtype == (torch.float16 if exact_packed else torch.float32) == runner.kv_dtype
 
 
@@ -302,14 +302,14 @@ def test_kv_cache_dtype_resolution_and_a_forced_one(tmp_path, monkeypatch):
     from pagedkube.engine.loader import resolve_kv_cache_dtype
     require_cxx()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=True) == torch.float16
-    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=False) == torch.float32
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu, packed_weights=True) == torch.bfloat16
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cuda, packed_weights=True) == torch.bfloat16
-    assert resolve_kv_cache_dtype("float32", torch.float32, cpu, packed_weights=True) == torch.float32
-    assert resolve_kv_cache_dtype("bfloat16", torch.bfloat16, cuda, packed_weights=False) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, calibrated=True) == torch.float16
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, calibrated=False) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu, calibrated=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cuda, calibrated=True) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", torch.float32, cpu, calibrated=True) == torch.float32
+    assert resolve_kv_cache_dtype("bfloat16", torch.bfloat16, cuda, calibrated=False) == torch.bfloat16
     with pytest.raises(ValueError, match="Triton"):
-        resolve_kv_cache_dtype("float16", torch.bfloat16, cuda, packed_weights=False)
+        resolve_kv_cache_dtype("float16", torch.bfloat16, cuda, calibrated=False)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineConfig(model="builtin://tiny", kv_cache_dtype="fp8")
     # forced float32 beside packed weights: the pool is float32 and twice the bytes per block,
@@ -324,4 +324,4 @@ def test_kv_cache_dtype_resolution_and_a_forced_one(tmp_path, monkeypatch):
     # without our exact kernel (no C++ toolchain) the projections round to bf16, and the cache
     # stays in the activation dtype (a float16 one cost agreement there)
     monkeypatch.setattr("pagedkube.engine.loader.q4_ext", lambda cache: None)
-    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, packed_weights=True) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, calibrated=True) == torch.float32
