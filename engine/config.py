@@ -15,9 +15,9 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
 DECODE_CAPTURES = ("auto", "on", "off")
 # The KV cache's element type (vLLM's --kv-cache-dtype): auto = float16 on the CPU's exact
-# packed path (a GGUF file's Q4/Q8 weights, --quantization and --dtype auto, our float32 Q4 kernel: a float16
-# cache gave the same greedy ids on all 32 quality chats at half the memory), else the
-# activation dtype (engine/loader.py resolve_kv_cache_dtype)
+# packed path (a GGUF file's Q4/Q8 weights, --quantization and --dtype auto, our float32 Q4
+# kernel: a float16 cache gave the same greedy ids on all 32 quality chats at half the
+# memory), else the activation dtype (engine/loader.py resolve_kv_cache_dtype)
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DECODE_CAPTURE_ENV = "PAGEDKUBE_DECODE_CAPTURE"   # replaces an "auto" setting (a deployment's default)
 # Batch-size buckets of captured decode steps: vLLM captures 1, 2, 4, 8 and then steps of 8; past 8

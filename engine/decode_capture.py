@@ -49,7 +49,7 @@ import threading
 import time
 import types
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
@@ -173,10 +173,7 @@ class DecodeCapture:
     def _compile_buckets(self, background: bool) -> None:
         """CPU: compiles every bucket (smallest first), each one usable as soon as it is done. In
         the background a bucket that fails to compile is logged and stays eager."""
-        if background:
-            with _yielding_to_the_engine():
-                self._compile_all(background)
-        else:
+        with _yielding_to_the_engine() if background else contextlib.nullcontext():
             self._compile_all(background)
 
     def _compile_all(self, background: bool) -> None:
@@ -232,13 +229,43 @@ class DecodeCapture:
 
 # Measured (docs/benchmarks.md, "The background compile and the engine's steps"): one client's
 # eager tokens during the compile took 0.5-2 s each with the defaults (5 ms, nice 0), 45-80 ms
-# with these, and the four buckets were still ready ~45 s after start with a warm Inductor cache.
+# with these, and the four buckets were still ready ~40 s after start with a warm Inductor cache.
 COMPILE_SWITCH_INTERVAL_S = 0.001
 COMPILE_NICE = 10
 
 
+class _SwitchInterval:
+    """The interpreter's GIL switch interval, one per process, lowered while any background
+    compile runs: engines in one process (tests, an offline script) may compile at once, so the
+    first compile to start saves and lowers it and the last to end puts it back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._compiles = 0
+        self._saved = 0.0
+
+    @contextlib.contextmanager
+    def lowered(self, seconds: float) -> Iterator[None]:
+        with self._lock:
+            if self._compiles == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(seconds)
+            self._compiles += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._compiles -= 1
+                if self._compiles == 0:
+                    sys.setswitchinterval(self._saved)
+
+
+# Process-wide because the switch interval is: the one piece of module state here
+_SWITCH_INTERVAL = _SwitchInterval()
+
+
 @contextlib.contextmanager
-def _yielding_to_the_engine():
+def _yielding_to_the_engine() -> Iterator[None]:
     """The background compile gives way to the engine's steps. Two things starve an eager step
     while Dynamo and Inductor run on the compile thread: the GIL (torch's Python bindings release
     it around every op, and a thread that wants it back waits a whole switch interval, 5 ms by
@@ -247,16 +274,12 @@ def _yielding_to_the_engine():
     compile runs, the interpreter's switch interval drops to COMPILE_SWITCH_INTERVAL_S (restored
     after), and the compile thread, with the compiler processes it starts, runs at nice
     COMPILE_NICE (Linux sets nice per thread; children inherit it)."""
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
     except (AttributeError, OSError):    # not Linux, or not allowed: the compile keeps its priority
         pass
-    try:
+    with _SWITCH_INTERVAL.lowered(COMPILE_SWITCH_INTERVAL_S):
         yield
-    finally:
-        sys.setswitchinterval(interval)
 
 
 class CompiledDecode:

@@ -88,7 +88,8 @@ def resolve_kv_cache_dtype(requested: str, activation: torch.dtype, device: torc
                            calibrated: bool) -> torch.dtype:
     """The KV cache's dtype. "auto": float16 on the CPU's exact packed path (packed projections
     whose kernels the calibration chooses, i.e. --quantization and --dtype both auto; float32
-    activations; our float32 Q4 kernel built: the GGUF default), else the activation dtype. Measured on the default model, 32 quality chats x 32 greedy tokens against the float32
+    activations; our float32 Q4 kernel built: the GGUF default), else the activation dtype.
+    Measured on the default model, 32 quality chats x 32 greedy tokens against the float32
     reference (docs/benchmarks.md "A float16 KV cache"): on the exact path a float16 cache kept
     all 32 chats identical (|dlogprob| 0.0005) at half the bytes per token (bfloat16: 0.89);
     beside torch's bf16 projection kernels (no C++ toolchain) it moved agreement from 0.83 to

@@ -186,6 +186,21 @@ def test_auto_serves_eagerly_while_the_buckets_compile_in_the_background(monkeyp
         LLM(**TINY)
 
 
+def test_overlapping_compiles_restore_the_switch_interval_once_the_last_ends():
+    """Two engines of one process compiling at once, ending in either order: the interval stays
+    lowered until both have ended, then is what it was before the first."""
+    from pagedkube.engine.decode_capture import _SwitchInterval
+    before = sys.getswitchinterval()
+    interval = _SwitchInterval()
+    first, second = interval.lowered(0.002), interval.lowered(0.002)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() == pytest.approx(0.002)        # the second still compiles
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before
+
+
 def test_a_script_that_exits_while_the_buckets_compile_exits_cleanly_with_its_own_code(tmp_path):
     """Ending the process while the compile thread runs torch code aborted in C++'s teardown
     (exit 134, "terminate called without an active exception"): the exit now waits for the

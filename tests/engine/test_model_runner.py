@@ -16,7 +16,6 @@ from safetensors.torch import load_file, save_file
 
 from model_factory import FAMILIES, load_hf_model, make_tiny_model
 from toolchain import require_cxx
-
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.loader import resolve_dtype

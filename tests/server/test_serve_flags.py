@@ -33,7 +33,8 @@ def test_up_passes_decode_capture_to_every_engine() -> None:
 
 # One value for every engine flag `up` passes through (engine/server/engine_flags.py).
 EVERY_ENGINE_FLAG = ["--model", "builtin://tiny", "--served-model-name", "m", "--device", "cpu", "--dtype", "float32",
-                     "--kv-cache-dtype", "float16", "--quantization", "none", "--decode-capture", "off", "--decode-capture-sizes", "1,2",
+                     "--kv-cache-dtype", "float16", "--quantization", "none", "--decode-capture", "off",
+                     "--decode-capture-sizes", "1,2",
                      "--block-size", "32", "--kv-cache-memory", "512MiB", "--max-num-seqs", "8",
                      "--max-num-batched-tokens", "512", "--max-model-len", "256", "--max-waiting", "-1",
                      "--drain-timeout", "2.5", "--seed", "7", "--access-log", "json"]
