@@ -46,7 +46,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None  # bytes for the KV pool; None = runner's default for the device
     # vLLM's --gpu-memory-utilization: the fraction of the device's memory this engine may use
     # (CUDA: of the GPU's total, weights included; CPU: of the memory available at start-up, after
-    # the weights). None = the runner's default for the device (model_runner._num_kv_blocks).
+    # the weights). None = the runner's default for the device (engine/kv_pool.py num_kv_blocks).
     gpu_memory_utilization: float | None = None
     tokenizer: str | None = None        # a directory with tokenizer.json; None = the model's
     chat_template: str | None = None    # a template file or the template's text; None = the tokenizer's

@@ -22,7 +22,6 @@ execute_shard takes the broadcast step; it never prepares or samples.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import sysconfig
@@ -31,14 +30,13 @@ from importlib import import_module
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import DECODE_CAPTURE_ENV, DECODE_CAPTURES, EngineConfig
-from pagedkube.engine.host_memory import available_host_memory
 from pagedkube.engine.decode_capture import DecodeCapture
 from pagedkube.engine.gguf.reader import GGUFFile
+from pagedkube.engine.kv_pool import allocate_kv_pool, num_kv_blocks
 from pagedkube.engine.distributed.checks import check_tensor_parallel
 from pagedkube.engine.distributed.errors import WorkerFailed
 from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
@@ -53,32 +51,6 @@ if TYPE_CHECKING:
     from pagedkube.engine.distributed.worker import WorkerLink
 
 log = logging.getLogger(__name__)
-
-# CPU: the share of the memory available once the weights are loaded (available_host_memory)
-# that the pool takes by default. Its pages stay the kernel's zero pages until written
-# (allocate_kv_pool), so resident memory grows with the tokens actually cached, up to this; a
-# fixed 512 MiB held ~11K float32 tokens of SmolLM2 and 64 growing chats preempted each other.
-CPU_FREE_MEMORY_FRACTION = 0.5
-# CUDA: the share of the memory still free after the weights are loaded. vLLM reserves
-# gpu_memory_utilization=0.9 of the whole device; we leave 10% of what is free for
-# activations and logits of one step (max_num_batched_tokens x vocab floats) and the allocator.
-CUDA_FREE_MEMORY_FRACTION = 0.9
-
-
-def utilization_budget(fraction: float, device: torch.device) -> int:
-    """KV bytes under --gpu-memory-utilization. CUDA, as vLLM: the fraction of the device's total
-    memory less what this process already holds (weights, the step's workspace). CPU: the
-    fraction of the memory available now, after the weights are loaded."""
-    if device.type == "cuda":
-        _, total = torch.cuda.mem_get_info(device)
-        budget = int(total * fraction) - torch.cuda.memory_reserved(device)
-        if budget < 1:
-            raise ValueError(f"--gpu-memory-utilization {fraction:g} leaves no memory for the KV cache: "
-                             f"{torch.cuda.memory_reserved(device) / 2**30:.1f} GiB of the device's "
-                             f"{total / 2**30:.1f} GiB are already used by the weights")
-        return budget
-    return int(available_host_memory() * fraction)
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -164,26 +136,6 @@ def serves_quantized_weights(config: EngineConfig, model_config: ModelConfig, gg
     return any(kind in PACKED_TYPES and is_projection(name) for name, kind in types.items())
 
 
-def allocate_kv_pool(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
-                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(k, v) zeroed caches per layer. Zeroed, not empty: the torch backend's decode reads whole
-    blocks and masks positions past seq_len out of the softmax, and a masked NaN left in v would
-    still turn 0 * NaN into NaN (engine/attention/torch_backend.py). On CPU each cache is its own
-    numpy.zeros buffer: calloc takes it from the kernel's zero pages without writing them, so start-up
-    skips the fill and the resident memory grows with the blocks actually written. Its own, not views
-    of one buffer: torch.compile treats inputs that alias one storage as views of a "synthetic base"
-    and a captured decode step that writes to them copied the whole pool every step (1.4 s a token
-    with a 6 GB pool)."""
-    if device.type != "cpu":
-        return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                for _ in range(num_layers)]
-    per_cache = math.prod(shape) * dtype.itemsize
-
-    def cache() -> torch.Tensor:
-        return torch.from_numpy(np.zeros(per_cache, dtype=np.uint8)).view(dtype).view(shape)
-    return [(cache(), cache()) for _ in range(num_layers)]
-
-
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor      # [T]
@@ -239,7 +191,8 @@ class ModelRunner:
         del gguf
         self.lora = self._lora_manager() if config.enable_lora else None   # its slots before the KV pool's share
         cfg = shard.local if shard is not None else self.model_config   # this rank's heads and KV heads
-        self.num_kv_blocks = self._num_kv_blocks(cfg)
+        self.num_kv_blocks = num_kv_blocks(config, cfg.kv_bytes_per_block(self.block_size, self.kv_dtype.itemsize),
+                                           self.max_model_len, self.device)
         self.tp_group = None
         if tp is not None:
             from pagedkube.engine.distributed.layers import parallelize
@@ -273,27 +226,6 @@ class ModelRunner:
         return LoRAManager(self.model, self.model_config, max_loras=cfg.max_loras, max_rank=cfg.max_lora_rank,
                            max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras, device=self.device, dtype=self.dtype,
                            use_triton=use_triton)
-
-    def _num_kv_blocks(self, cfg: ModelConfig) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        bytes_per_block = cfg.kv_bytes_per_block(self.block_size, self.kv_dtype.itemsize)
-        budget = self.config.kv_cache_memory
-        cap = None
-        if self.config.gpu_memory_utilization is not None:
-            budget = utilization_budget(self.config.gpu_memory_utilization, self.device)
-        elif budget is None:
-            blocks_per_seq = -(-self.max_model_len // self.block_size)
-            cap = self.config.max_num_seqs * blocks_per_seq   # more than every sequence at full length is waste
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = int(free * CUDA_FREE_MEMORY_FRACTION)
-            else:
-                budget = int(available_host_memory() * CPU_FREE_MEMORY_FRACTION)
-        num_blocks = budget // bytes_per_block if cap is None else min(budget // bytes_per_block, cap)
-        if num_blocks < 1:
-            raise ValueError(f"KV cache budget of {budget} bytes holds no block of {bytes_per_block} bytes")
-        return num_blocks
 
     def execute(self, batch: list[ScheduledSeq], structured: StructuredOutputManager | None = None) \
             -> list[SampleOutput | None]:

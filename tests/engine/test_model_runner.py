@@ -21,7 +21,8 @@ from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.loader import resolve_dtype
 from pagedkube.engine.host_memory import available_host_memory, cgroup_headroom
 from pagedkube.engine.model_config import ModelConfig
-from pagedkube.engine.model_runner import CPU_FREE_MEMORY_FRACTION, ModelRunner
+from pagedkube.engine.kv_pool import CPU_FREE_MEMORY_FRACTION
+from pagedkube.engine.model_runner import ModelRunner
 from pagedkube.engine.quant.q4_fused import q4_ext
 from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.sequence import ScheduledSeq, Sequence
