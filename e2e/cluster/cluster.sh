@@ -68,6 +68,7 @@ up() {
     --kwok-controller-binary "$bin/kwok" \
     --timeout 5m --wait 3m >&2
   kwokctl scale node --name "$name" --replicas 2 >&2
+  controllers
   if [[ "$mode" == real ]]; then
     kubectl --kubeconfig "$kubeconfig" taint nodes -l type=kwok kwok.x-k8s.io/node=fake:NoSchedule --overwrite >&2
     real_node
@@ -77,6 +78,19 @@ up() {
 }
 
 pki() { echo "$KWOK_WORKDIR/clusters/$name/pki"; }
+
+# The controller-manager's controllers run: namespace default has its ServiceAccount. A CI run
+# once had none for its whole session (no ServiceAccounts, no ReplicaSet's pods, every test
+# failing at a 5-minute wait); this says so at once, with the controller-manager's log.
+controllers() {
+  for _ in $(seq 120); do
+    if kubectl --kubeconfig "$kubeconfig" -n default get serviceaccount default >/dev/null 2>&1; then return; fi
+    sleep 1
+  done
+  log "no ServiceAccount in namespace default 120 s after start: the controller-manager's log ends"
+  tail -n 80 "$KWOK_WORKDIR/clusters/$name/logs/kube-controller-manager.log" >&2 || true
+  return 1
+}
 
 # kwokctl's options for a cluster with a real node: the kwok controller keeps to
 # the nodes annotated as fakes (by default it also fakes the status of the real

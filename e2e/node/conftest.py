@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make nodeutil importable
 from kubeutil import ROOT, Kube  # noqa: E402
-from nodeutil import CHART_NS, CLUSTER, node_env, pod_report  # noqa: E402
+from nodeutil import CHART_NS, CLUSTER, control_plane_log, node_env, pod_report  # noqa: E402
 
 # A cold engine image build installs torch (~4 GB of wheels) on a shared 2-core machine.
 IMAGES_TIMEOUT_S = 75 * 60
@@ -68,5 +68,6 @@ def chart(kube: Kube, binaries, images: dict[str, str]) -> Kube:
                         "--set", f"operator.image.repository={repo}", "--set", f"operator.image.tag={tag}",
                         "--set", "operator.image.pullPolicy=Never", "--wait", "--timeout", "5m"],
                        capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, f"helm install failed:\n{p.stdout}\n{p.stderr}\n{pod_report(kube, CHART_NS)}"
+    assert p.returncode == 0, (f"helm install failed:\n{p.stdout}\n{p.stderr}\n{pod_report(kube, CHART_NS)}\n"
+                               f"{control_plane_log('kube-controller-manager')}")
     return kube

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import sys
+from pathlib import Path
 
 import httpx
 import yaml
@@ -24,6 +25,17 @@ def hub_on_node(kube: Kube, repos):
     node = kube.json("get", "node", NODE_NAME)
     ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
     return HubServer(repos, ip).start()
+
+
+def control_plane_log(component: str, lines: int = 60) -> str:
+    """The end of a control-plane process's log (kube-controller-manager, kube-scheduler, ...)
+    of the cluster cluster.sh started; empty for a cluster given by $PAGEDKUBE_E2E_KUBECONFIG."""
+    state = Path(os.environ.get("PAGEDKUBE_E2E_DIR", f"/tmp/pagedkube-node-{os.getuid()}"))
+    name = os.environ.get("PAGEDKUBE_E2E_CLUSTER", NODE_NAME)
+    log = state / "kwok" / "clusters" / name / "logs" / f"{component}.log"
+    if not log.is_file():
+        return ""
+    return f"--- {component} log, last {lines} lines\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def node_env() -> dict[str, str]:
