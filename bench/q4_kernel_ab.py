@@ -1,11 +1,14 @@
 """Two versions of our Q4 CPU kernel (engine/quant/q4_linear.cpp) timed against each other in one
 process: this checkout's source and the one at --against REV, built side by side.
 
-A pass is what one decode step asks of the kernel on the default model: every projection of 30
+A pass is what one decode step asks of the kernels on the default model: every projection of 30
 layers (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536), each layer its own weight, so
-the weights stream from memory as in a real step (~80 MB of codes, scales and mins). The two
-builds take turns, one pass each per round; each reports its fastest pass and the ratio. Outputs
-are compared too: the max relative difference between the two builds' results.
+the weights stream from memory as in a real step (~80 MB of codes, scales and mins), and the
+Q8_0 lm_head (49,152 x 576, q8_linear). The two builds take turns, one pass each per round, with
+a third contender: this build's dequantize-then-matmul for the projections (q4deq, what the
+engine runs for prefill-sized batches where it is faster); each reports its fastest pass, and
+the ratios are to this build. Outputs are compared too: the max relative difference between the
+two builds' results.
 
     .venv/bin/python bench/q4_kernel_ab.py --against HEAD~1 [--rows 1,8] [--rounds 30]
     ATEN_CPU_CAPABILITY=avx2 ...   # has no effect on our kernel (built for AVX2/FMA either way)
@@ -21,18 +24,21 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from pagedkube.engine.quant import q4_fused
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
+VOCAB = 49152                # the lm_head's outputs (its inputs: the hidden size, 576)
 REPO = Path(__file__).resolve().parent.parent
 
 
 def build(source: Path, name: str, folder: Path):
     from torch.utils.cpp_extension import load
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name, [str(source)], extra_cflags=q4_fused._cflags(), build_directory=str(folder), verbose=False)
+    return load(name, [str(source)], extra_cflags=q4_fused._cflags(),
+                extra_ldflags=q4_fused.ldflags(q4_fused._cflags()), build_directory=str(folder), verbose=False)
 
 
 def weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -46,9 +52,19 @@ def weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return out
 
 
-def one_pass(ext, ws, xs: dict[int, torch.Tensor]) -> tuple[float, list[torch.Tensor]]:
+def lm_head(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(-127, 128, (VOCAB, SHAPES[0][1]), generator=gen, dtype=torch.int8),
+            torch.rand(VOCAB, SHAPES[0][1] // 32, generator=gen) / 64 + 1e-3)
+
+
+def one_pass(ext, ws, head, xs: dict[int, torch.Tensor], dequant: bool = False) -> tuple[float, list[torch.Tensor]]:
     start = time.perf_counter()
-    ys = [ext.q4_linear(xs[q.shape[1] * 2], q, s, m) for q, s, m in ws]
+    if dequant:
+        ys = [F.linear(xs[q.shape[1] * 2], ext.q4_dequantize(q, s, m)) for q, s, m in ws]
+    else:
+        ys = [ext.q4_linear(xs[q.shape[1] * 2], q, s, m) for q, s, m in ws]
+    ys.append(ext.q8_linear(xs[SHAPES[0][1]], *head))
     return time.perf_counter() - start, ys
 
 
@@ -66,25 +82,26 @@ def main() -> None:
                                          check=True, capture_output=True, text=True).stdout)
     builds = {"this": build(q4_fused.SOURCE, "q4_ab_this", tmp / "this"),
               args.against: build(old_source, "q4_ab_old", tmp / "old")}
-    ws = weights()
+    ws, head = weights(), lm_head()
     print(f"torch {torch.__version__}, {args.threads} thread(s), cflags {q4_fused._cflags()}, "
           f"{sum(q.numel() + 8 * s.numel() for q, s, _ in ws) / 1e6:.1f} MB per pass")
     for rows in map(int, args.rows.split(",")):
         gen = torch.Generator().manual_seed(rows)
         xs = {k: torch.randn(rows, k, generator=gen) for k in {k for _, k in SHAPES}}
-        best = {name: float("inf") for name in builds}
+        runs = {**{name: (ext, False) for name, ext in builds.items()}, "q4deq": (builds["this"], True)}
+        best = {name: float("inf") for name in runs}
         outs = {}
         with torch.inference_mode():
-            for name, ext in builds.items():
-                _, outs[name] = one_pass(ext, ws, xs)        # first call: page faults, allocator
+            for name, (ext, dequant) in runs.items():
+                _, outs[name] = one_pass(ext, ws, head, xs, dequant)   # first call: page faults, allocator
             for _ in range(args.rounds):
-                for name, ext in builds.items():
-                    seconds, _ = one_pass(ext, ws, xs)
+                for name, (ext, dequant) in runs.items():
+                    seconds, _ = one_pass(ext, ws, head, xs, dequant)
                     best[name] = min(best[name], seconds)
-        diff = max(float(((a - b).abs().max() / b.abs().max())) for a, b in zip(*outs.values()))
+        diff = max(float(((a - b).abs().max() / b.abs().max())) for a, b in zip(outs["this"], outs[args.against]))
         times = " ".join(f"{name} {1e3 * s:.3f} ms" for name, s in best.items())
-        print(f"rows {rows}: {times}; {args.against} / this {best[args.against] / best['this']:.3f}x; "
-              f"max relative difference {diff:.1e}")
+        print(f"rows {rows}: {times}; {args.against} / this {best[args.against] / best['this']:.3f}x, "
+              f"q4deq / this {best['q4deq'] / best['this']:.3f}x; max relative difference {diff:.1e}", flush=True)
 
 
 if __name__ == "__main__":

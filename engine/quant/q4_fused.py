@@ -9,7 +9,7 @@ and dots it with the activations in float32: the reference's numbers, in the ord
 different summation only, at int4's memory traffic.
 
 It is C++ built at first use with torch's extension builder (g++, Python's headers, ninja;
-AVX2/FMA where the CPU has them), into <cache>/cpu-ext/<hash of source, flags, torch, python>/,
+AVX2/FMA where the CPU has them, OpenMP for torch's threads), into <cache>/cpu-ext/<hash of source, flags, torch, python>/,
 under a lock so two engines build it once; later starts load the built library directly.
 An image with no compiler ships it prebuilt: `python -m pagedkube.engine.quant.q4_fused DIR`
 builds every variant (portable, AVX2/FMA) into DIR/cpu-ext/ at image-build time, and $PAGEDKUBE_CPU_EXT_DIR=DIR
@@ -48,6 +48,10 @@ EXT_NAME = "pagedkube_q4_linear"
 PREBUILT_ENV = "PAGEDKUBE_CPU_EXT_DIR"  # a read-only folder of prebuilt variants (the engine image's)
 BASE_CFLAGS = ("-O3", "-ffp-contract=off")   # no fused multiply-add where the reference rounds twice
 X86_CFLAGS = ("-mavx2", "-mfma")
+# ATen's parallel_for is header code over OpenMP: compiled without it, the kernels ran on one
+# thread whatever torch.set_num_threads said. Linked to the libgomp.so.1 torch has loaded (one
+# thread pool, torch's thread count), where torch is built with OpenMP.
+OPENMP_FLAG = "-fopenmp"
 
 
 def _cpu_flags() -> set[str]:
@@ -64,9 +68,19 @@ def _x86() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
+def _base_cflags() -> list[str]:
+    """Every variant's flags."""
+    return [*BASE_CFLAGS, OPENMP_FLAG] if torch._C.has_openmp else list(BASE_CFLAGS)
+
+
 def _cflags() -> list[str]:
     """This CPU's variant."""
-    return [*BASE_CFLAGS, *X86_CFLAGS] if _x86() and {"avx2", "fma"} <= _cpu_flags() else list(BASE_CFLAGS)
+    return [*_base_cflags(), *X86_CFLAGS] if _x86() and {"avx2", "fma"} <= _cpu_flags() else _base_cflags()
+
+
+def ldflags(cflags: list[str]) -> list[str]:
+    """The link flags a variant compiled with `cflags` needs."""
+    return [OPENMP_FLAG] if OPENMP_FLAG in cflags else []
 
 
 def _toolchain() -> bool:
@@ -99,7 +113,8 @@ def _build(build_dir: Path, cflags: list[str]) -> bool:
     start = time.perf_counter()
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        load(EXT_NAME, [str(SOURCE)], extra_cflags=cflags, build_directory=str(build_dir), verbose=False)
+        load(EXT_NAME, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags(cflags),
+             build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError) as e:     # a compiler error: serve without it, loudly
         log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
         return False
@@ -202,7 +217,7 @@ def prebuild(root: Path) -> list[Path]:
     """Builds every variant this architecture can run (x86: portable and AVX2/FMA, whatever the
     building CPU has) into root/cpu-ext/, for an image without a compiler. One process per
     variant: torch's builder renames a second build of one module name in a process."""
-    variants = [list(BASE_CFLAGS)] + ([[*BASE_CFLAGS, *X86_CFLAGS]] if _x86() else [])
+    variants = [_base_cflags()] + ([[*_base_cflags(), *X86_CFLAGS]] if _x86() else [])
     built = []
     for cflags in variants:
         subprocess.run([sys.executable, "-P", "-m", "pagedkube.engine.quant.q4_fused",   # -P: not the cwd's operator/
@@ -248,8 +263,10 @@ class Q4FusedKernel:
 
 @dataclass(frozen=True)
 class Q4DequantKernel:
-    """For prefill-sized batches: W dequantized to float32 for this call only (exact, no copy
-    kept), then a float32 matmul (oneDNN's, faster than q4_linear's tiles at many rows)."""
+    """W dequantized to float32 for this call only (exact, no copy kept), then torch's float32
+    matmul: a candidate for prefill-sized batches, where it beat q4_linear's per-row tiles; since
+    q4_linear has its own GEMM from 12 rows on, it loses at every row count timed on our CPUs
+    (docs/benchmarks.md), and stays for CPUs where torch's matmul still wins."""
     weight: Int4Weight
     ext: Q4Ops
     name = "q4dequant"
