@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -91,6 +92,129 @@ inline void row_tile(const uint8_t* q, const float* scales, const float* mins, c
       y[r * y_stride] = hsum(acc[r]) + dot(mins, xsum + r * groups, groups);
   }
 }
+
+// Many rows: a GEMM. A tile of kTileN outputs is dequantized into a buffer (q * scale + min,
+// rounded as formats.dequantize rounds, so these are the reference's weights; Q8: q * scale)
+// and multiplied with x held transposed in blocks of kRowBlock rows (xt[k][16], zero past the
+// last row), an outer product per input k: kTileN broadcast weights times two vectors of 8 rows
+// into 12 accumulators. Each weight is decoded once per call, not once per 8 rows as in
+// row_tile, and no float32 copy of the whole weight is written, as dequantize-then-matmul
+// (q4deq) writes: at 32 rows 0.51x row_tile's time and 0.78x q4deq's (docs/benchmarks.md).
+constexpr int kTileN = 6;
+constexpr int64_t kRowBlock = 16;
+// From this many rows on, gemm: below, row_tile is as fast or faster (its Q8 form, with no
+// mins to add, is the cheaper; the crossings measured in docs/benchmarks.md).
+template <bool Q8>
+constexpr int64_t gemm_rows() { return Q8 ? 16 : 12; }
+
+// x [M, K] as ceil(M / 16) blocks of [K][16] rows, zero-padded past row M.
+void pack_rows(const float* x, int64_t m_rows, int64_t k, float* xt) {
+  const int64_t blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      float* out = xt + b * k * kRowBlock;
+      const int64_t rows = std::min(kRowBlock, m_rows - b * kRowBlock);
+      if (rows < kRowBlock) std::memset(out, 0, sizeof(float) * k * kRowBlock);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + (b * kRowBlock + r) * k;
+        for (int64_t kk = 0; kk < k; ++kk) out[kk * kRowBlock + r] = xr[kk];
+      }
+    }
+  });
+}
+
+// Bytes of codes per output row: two Q4 codes a byte, one Q8 code.
+template <bool Q8>
+constexpr int64_t row_bytes(int64_t k) { return Q8 ? k : k / 2; }
+
+// Outputs [n0, n0 + J) of W dequantized into w[J][K] (Q8: q * scale, exact in float32).
+template <int J, bool Q8>
+inline void dequant_tile(const uint8_t* q, const float* scales, const float* mins, int64_t k, float* w) {
+  const int64_t groups = k / kGroup;
+  for (int j = 0; j < J; ++j) {
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 c[4];
+      if constexpr (Q8)
+        codes8(reinterpret_cast<const int8_t*>(q) + j * k + g * kGroup, c);
+      else
+        codes(q + j * (k / 2) + g * (kGroup / 2), c);
+      const __m256 scale = _mm256_set1_ps(scales[j * groups + g]);
+      float* out = w + j * k + g * kGroup;
+      if constexpr (Q8) {
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(c[i], scale));
+      } else {
+        const __m256 min = _mm256_set1_ps(mins[j * groups + g]);
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_mul_ps(c[i], scale), min));
+      }
+    }
+  }
+}
+
+// y[r, j] = sum_k w[j][k] xt[k][r] for J outputs and V vectors of 8 rows, into out[J][16]. The
+// accumulators are one flat array with unrolled loops: as acc[J][V], g++ kept them in memory
+// and stored every one of them on each k; inlined into its caller, one of them still went to the
+// stack (the caller's constants hold registers), hence noinline.
+template <int J, int V>
+__attribute__((noinline)) void micro(const float* w, const float* xt, int64_t k, float* out) {
+  __m256 acc[J * V];
+#pragma GCC unroll 16
+  for (int i = 0; i < J * V; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m256 xv[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + kk * kRowBlock + 8 * v);
+#pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) {
+      const __m256 b = _mm256_broadcast_ss(w + j * k + kk);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[j * V + v] = _mm256_fmadd_ps(b, xv[v], acc[j * V + v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < J * V; ++i) _mm256_storeu_ps(out + (i / V) * kRowBlock + 8 * (i % V), acc[i]);
+}
+
+// One tile of J outputs for every row of x: dequantized once, then each row block.
+template <int J, bool Q8>
+void gemm_tile(const uint8_t* q, const float* scales, const float* mins, const float* xt, int64_t m_rows, int64_t k,
+               float* w, float* y, int64_t n_rows) {
+  dequant_tile<J, Q8>(q, scales, mins, k, w);
+  alignas(32) float out[kTileN * kRowBlock];
+  for (int64_t r0 = 0; r0 < m_rows; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, m_rows - r0);
+    if (rows > 8)
+      micro<J, 2>(w, xt + r0 * k, k, out);
+    else
+      micro<J, 1>(w, xt + r0 * k, k, out);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int j = 0; j < J; ++j) y[(r0 + r) * n_rows + j] = out[j * kRowBlock + r];
+  }
+}
+
+template <bool Q8>
+void gemm(const float* x, const uint8_t* q, const float* scales, const float* mins, int64_t m_rows, int64_t k,
+             int64_t n_rows, float* y) {
+  const int64_t groups = k / kGroup, blocks = (m_rows + kRowBlock - 1) / kRowBlock;
+  std::vector<float> xt(static_cast<size_t>(blocks * kRowBlock * k));
+  pack_rows(x, m_rows, k, xt.data());
+  const int64_t tiles = (n_rows + kTileN - 1) / kTileN;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(static_cast<size_t>(kTileN * k));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t * kTileN;
+      const uint8_t* qn = q + n * row_bytes<Q8>(k);
+      const float *sn = scales + n * groups, *mn = Q8 ? nullptr : mins + n * groups;
+      switch (std::min<int64_t>(kTileN, n_rows - n)) {
+        case 6: gemm_tile<6, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+        case 5: gemm_tile<5, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+        case 4: gemm_tile<4, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+        case 3: gemm_tile<3, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+        case 2: gemm_tile<2, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+        default: gemm_tile<1, Q8>(qn, sn, mn, xt.data(), m_rows, k, w.data(), y + n, n_rows); break;
+      }
+    }
+  });
+}
 #endif
 
 // The sum of one group of 32 floats.
@@ -153,6 +277,12 @@ torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, co
   const float* sp = scales.data_ptr<float>();
   const float* mp = mins.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+#ifdef Q4_AVX2
+  if (m_rows >= gemm_rows<false>()) {
+    gemm<false>(xp, qp, sp, mp, m_rows, k, n_rows, yp);
+    return y;
+  }
+#endif
   // x's sums per group, here rather than with torch's sum: an operator call costs more than the
   // sums (120 calls a decode step on the default model).
   std::vector<float> xsum(static_cast<size_t>(m_rows * groups));
@@ -179,6 +309,12 @@ torch::Tensor q8_linear(const torch::Tensor& x, const torch::Tensor& qweight, co
   const uint8_t* qp = reinterpret_cast<const uint8_t*>(qweight.data_ptr<int8_t>());
   const float* sp = scales.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+#ifdef Q4_AVX2
+  if (m_rows >= gemm_rows<true>()) {
+    gemm<true>(xp, qp, sp, nullptr, m_rows, k, n_rows, yp);
+    return y;
+  }
+#endif
   at::parallel_for(0, n_rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n)
       one_output<true>(qp + n * k, sp + n * groups, nullptr, xp, nullptr, m_rows, k, yp + n, n_rows);

@@ -2,7 +2,8 @@
 
 The reference is formats.dequantize (the file's values in float32) then a float64 matmul:
 q4_dequantize must give dequantize's numbers bit for bit, and q4_linear the product to
-float32 accuracy, for every row count the tiles split differently (1..9, 64) and for weights
+float32 accuracy, for every row count the tiles and the GEMM's row blocks split differently
+(1..17, 33, 64), an output count the GEMM's tiles of 6 leave a tail of (100), and weights
 from each 4-bit GGUF type (Q4_0, Q4_1, Q4_K: groups of 32). Built once into the user's cache
 (as the engine builds it) and skipped only where no C++ toolchain is installed.
 """
@@ -45,18 +46,18 @@ def _gguf_weight(kind: str, n: int, k: int) -> Int4Weight:
     return w
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
-def test_the_kernels_compute_the_reference_for_each_gguf_4bit_type(ext, kind):
-    w = _gguf_weight(kind, 96, 512)
+@pytest.mark.parametrize(("kind", "n"), [("Q4_0", 96), ("Q4_1", 96), ("Q4_K", 96), ("Q4_1", 100)])
+def test_the_kernels_compute_the_reference_for_each_gguf_4bit_type(ext, kind, n):
+    w = _gguf_weight(kind, n, 512)
     ref_w = dequantize(w)
     assert torch.equal(ext.q4_dequantize(w.qweight, w.scales, w.mins), ref_w)
     fused, dequant = q4_fused.q4_fused_kernel(w, ext), q4_fused.q4_fused_kernel(w, ext, dequant=True)
-    for rows in (*range(1, 10), 64):
+    for rows in (*range(1, 18), 33, 64):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         expected = x.double() @ ref_w.double().T
         for kernel in (fused, dequant):
             y = kernel(x)
-            assert y.dtype == torch.float32 and y.shape == (rows, 96)
+            assert y.dtype == torch.float32 and y.shape == (rows, n)
             # float32 sums of 512 products: a few units of float32 rounding, never bf16's 2^-9
             assert float((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5, (kernel.name, rows)
 
@@ -121,10 +122,10 @@ def test_a_prebuilt_library_serves_a_process_without_a_toolchain_or_cache(ext, t
 
 def test_q8_0_lm_head_and_embedding_compute_the_reference(ext):
     from pagedkube.engine.quant.packed_vocab import PackedEmbedding, PackedLMHead
-    w = _gguf_weight_q8(200, 576)
+    w = _gguf_weight_q8(200, 576)       # 200 outputs: the GEMM's tiles of 6 leave a tail
     ref_w = dequantize(w)
     head, embed = PackedLMHead(w, ext), PackedEmbedding(w)
-    for rows in (1, 3, 9):
+    for rows in (1, 3, 7, 8, 9, 16, 17, 40):
         x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
         expected = x.double() @ ref_w.double().T
         assert float((head(x).double() - expected).abs().max() / expected.abs().max()) < 1e-5
