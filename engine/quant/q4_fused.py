@@ -265,8 +265,9 @@ class Q4FusedKernel:
 class Q4DequantKernel:
     """W dequantized to float32 for this call only (exact, no copy kept), then torch's float32
     matmul: a candidate for prefill-sized batches, where it beat q4_linear's per-row tiles; since
-    q4_linear has its own GEMM from 12 rows on, it loses at every row count timed on our CPUs
-    (docs/benchmarks.md), and stays for CPUs where torch's matmul still wins."""
+    q4_linear has its own GEMM from 12 rows on, it lost at every row count timed on this project's
+    AMD EPYC under AVX2 (docs/benchmarks.md); it stays a candidate for CPUs where torch's matmul
+    still wins (the calibration times both)."""
     weight: Int4Weight
     ext: Q4Ops
     name = "q4dequant"
