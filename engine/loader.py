@@ -31,7 +31,6 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from safetensors import safe_open
@@ -42,6 +41,7 @@ from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.model_config import ModelConfig
 from pagedkube.engine.models.decoder import DecoderForCausalLM
 from pagedkube.engine.gguf.packing import BLOCK_VALUES, PACKED_TYPES, pack_gguf
+from pagedkube.engine.attention.backend import AttentionBackend
 from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.gguf.weights import hf_name, hf_tensors, is_projection
@@ -232,7 +232,7 @@ def _projection_shape(name: str, cfg: ModelConfig) -> tuple[int, int]:
     return shapes[name.rsplit(".", 2)[-2]]
 
 
-def load_model(cfg: ModelConfig, backend: ModuleType, device: torch.device, dtype: torch.dtype,
+def load_model(cfg: ModelConfig, backend: AttentionBackend, device: torch.device, dtype: torch.dtype,
                max_positions: int, quantization: str = "none", gguf: GGUFFile | None = None,
                calibrate: bool = False, shard: ShardPlan | None = None) -> DecoderForCausalLM:
     """gguf: cfg.gguf_file already open (one parse serves the caller's checks and the load).

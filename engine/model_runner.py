@@ -27,14 +27,15 @@ import shutil
 import sysconfig
 from dataclasses import dataclass
 from importlib import import_module
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
 
+from pagedkube.engine.attention.backend import AttentionBackend
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.config import DECODE_CAPTURE_ENV, DECODE_CAPTURES, EngineConfig
 from pagedkube.engine.decode_capture import DecodeCapture
+from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.gguf.reader import GGUFFile
 from pagedkube.engine.kv_pool import allocate_kv_pool, num_kv_blocks
 from pagedkube.engine.distributed.checks import check_tensor_parallel
@@ -43,6 +44,7 @@ from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
 from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.loader import load_model, resolve_dtype, resolve_kv_cache_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.quant.q4_fused import Q4Ops, q4_ext
 from pagedkube.engine.sampler import Sampler
 from pagedkube.engine.sequence import SampleOutput, ScheduledSeq
 from pagedkube.engine.structured.manager import StructuredOutputManager
@@ -60,10 +62,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def select_backend(name: str, device: torch.device) -> ModuleType:
+def select_backend(name: str, device: torch.device, kernels: Q4Ops | None = None) -> AttentionBackend:
     """"torch": torch_ref's math with decodes batched (torch_backend); "triton": the kernels
-    (CUDA); "auto": triton on CUDA when importable, torch otherwise."""
+    (CUDA); "auto": triton on CUDA when importable; on CPU our decode kernel over torch_backend
+    (cpu_backend) where `kernels`, this process's built C++ kernels, have it, else torch_backend."""
     if name == "torch" or (name == "auto" and device.type != "cuda"):
+        if name == "auto" and kernels is not None and kernels.has_attention():
+            from pagedkube.engine.attention.cpu_backend import CpuKernelBackend
+            return CpuKernelBackend(kernels)
         return import_module("pagedkube.engine.attention.torch_backend")
     try:
         return import_module("pagedkube.engine.attention.triton_backend")
@@ -176,10 +182,13 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
         self.max_model_len = self.model_config.resolve_max_model_len(config.max_model_len)
         self.block_size = config.block_size
-        self.backend = select_backend(config.attention_backend, self.device)
         # both flags auto: each packed projection's kernel is measured here (engine/quant/calibrate.py);
         # an explicit --quantization or --dtype is taken as given
         calibrate = quantized and config.quantization == "auto" and config.dtype == "auto"
+        # our C++ kernels, where the GGUF default path loads them anyway (the float path keeps torch's)
+        kernels = (q4_ext(cache_root()) if calibrate and self.device.type == "cpu" and self.dtype == torch.float32
+                   else None)
+        self.backend = select_backend(config.attention_backend, self.device, kernels)
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, calibrate)
         shard = None
         if tp is not None:

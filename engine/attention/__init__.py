@@ -12,6 +12,10 @@ that another sequence in the same step has just written.
     triton_attention.py   the Triton kernel for mixed prefill/decode batches
     triton_write_kv.py    the Triton reshape-and-cache (K/V into the pool by slot)
     triton_backend.py     write_kv and paged_attention over the two Triton kernels
+    cpu_attention.cpp     the CPU decode pass read straight from the paged cache (C++, AVX2)
+    cpu_backend.py        torch_backend with that kernel for its decode rows (the CPU default
+                          where our C++ kernels are built)
+    backend.py            AttentionBackend: the two functions, as a type
 """
 from pagedkube.engine.attention.metadata import AttentionMetadata
 

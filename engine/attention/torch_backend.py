@@ -23,6 +23,7 @@ Decode pass, B decoding sequences, W = block_tables width, S = W * block_size:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,7 @@ class DecodePlan:
     rows: torch.Tensor | None        # token rows of the decodes; None: every sequence decodes, in order
     tables: torch.Tensor             # [B * W] int64 block ids of the decoding sequences, row-major
     valid: torch.Tensor              # [B, 1, 1, S] bool: position s < seq_len
+    seq_lens: torch.Tensor           # [B] int64: the decoding sequences' lengths
     others: AttentionMetadata | None # the sequences with more query tokens, as their own batch
     token_index: torch.Tensor | None # their token rows
 
@@ -82,7 +84,7 @@ def plan_all_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan:
     width = meta.block_tables.shape[1]
     valid = (torch.arange(width * block_size, device=meta.seq_lens.device)[None, :]
              < meta.seq_lens.long()[:, None])
-    return DecodePlan(None, meta.block_tables.reshape(-1).long(), valid[:, None, None, :], None, None)
+    return DecodePlan(None, meta.block_tables.reshape(-1).long(), valid[:, None, None, :], meta.seq_lens.long(), None, None)
 
 
 def plan_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan | None:
@@ -116,7 +118,7 @@ def plan_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan | None:
             max_query_len=max(q_lens[b] for b in rest),
             max_seq_len=max(all_lens[b] for b in rest),
         )
-    return DecodePlan(rows, tables.reshape(-1).long(), valid[:, None, None, :], others, token_index)
+    return DecodePlan(rows, tables.reshape(-1).long(), valid[:, None, None, :], seq_lens.long(), others, token_index)
 
 
 def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -141,18 +143,27 @@ def decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return out.reshape(num_seqs, num_q_heads, head_dim).to(query.dtype)
 
 
+DecodePass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, DecodePlan, float], torch.Tensor]
+
+
+def torch_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
+                 scale: float) -> torch.Tensor:
+    return decode_attention(query, k_cache, v_cache, plan.tables, plan.valid, scale)
+
+
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Same contract as torch_ref.paged_attention: query [T, Hq, D] -> out [T, Hq, D]."""
+                    meta: AttentionMetadata, scale: float, decode: DecodePass = torch_decode) -> torch.Tensor:
+    """Same contract as torch_ref.paged_attention: query [T, Hq, D] -> out [T, Hq, D]. `decode`: the
+    decode rows' pass (engine/attention/cpu_backend.py passes our C++ kernel's)."""
     if "torch" not in meta.derived:          # the first layer of the step plans for all
         meta.derived["torch"] = plan_decodes(meta, k_cache.shape[1])
     plan: DecodePlan | None = meta.derived["torch"]
     if plan is None:                         # prefill chunks only
         return torch_ref.paged_attention(query, k_cache, v_cache, meta, scale)
     if plan.rows is None:                    # decodes only (most steps): no scatter
-        return decode_attention(query, k_cache, v_cache, plan.tables, plan.valid, scale)
+        return decode(query, k_cache, v_cache, plan, scale)
     out = torch.empty_like(query)
-    out[plan.rows] = decode_attention(query[plan.rows], k_cache, v_cache, plan.tables, plan.valid, scale)
+    out[plan.rows] = decode(query[plan.rows], k_cache, v_cache, plan, scale)
     if plan.others is not None:
         out[plan.token_index] = torch_ref.paged_attention(query[plan.token_index], k_cache, v_cache,
                                                           plan.others, scale)

@@ -18,12 +18,12 @@ engine/quant/linear.py's QuantLinear when the weights stay packed (--quantizatio
 """
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Callable
 
 import torch
 from torch import nn
 
+from pagedkube.engine.attention.backend import AttentionBackend
 from pagedkube.engine.attention.metadata import AttentionMetadata
 from pagedkube.engine.layers.activation import SiluAndMul
 from pagedkube.engine.layers.rms_norm import RMSNorm
@@ -35,7 +35,7 @@ LinearFactory = Callable[..., nn.Module]     # (in_features, out_features, bias=
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, linear: LinearFactory = nn.Linear):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -78,7 +78,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, linear: LinearFactory = nn.Linear):
         super().__init__()
         self.self_attn = Attention(cfg, backend, linear)
         self.mlp = MLP(cfg, linear)
@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, linear: LinearFactory = nn.Linear):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, linear: LinearFactory = nn.Linear):
         super().__init__()
         # An explicit weight skips Embedding's random init: on the meta device its normal_ runs
         # torch's Python reference kernels, whose import (torch._dynamo) costs ~2 s of a start.
@@ -106,7 +106,7 @@ class DecoderForCausalLM(nn.Module):
     """forward(input_ids, positions, kv_caches, meta) -> hidden [T, hidden];
     compute_logits(hidden rows to sample) -> float32 logits [N, vocab]."""
 
-    def __init__(self, cfg: ModelConfig, backend: ModuleType, max_positions: int,
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
                  device: torch.device | str = "cpu", linear: LinearFactory = nn.Linear):
         super().__init__()
         self.config = cfg

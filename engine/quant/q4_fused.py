@@ -43,11 +43,14 @@ from pagedkube.engine.quant.formats import Int4Weight
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("q4_linear.cpp")
+# Built into the same library (one build, one load): the paged decode attention kernel.
+ATTENTION_SOURCE = Path(__file__).parent.parent / "attention" / "cpu_attention.cpp"
+SOURCES = (SOURCE, ATTENTION_SOURCE)
 GROUP_SIZE = 32                       # the kernel's group (GGUF's Q4_0/Q4_1, Q4_K's sub-blocks)
 EXT_NAME = "pagedkube_q4_linear"
 PREBUILT_ENV = "PAGEDKUBE_CPU_EXT_DIR"  # a read-only folder of prebuilt variants (the engine image's)
 BASE_CFLAGS = ("-O3", "-ffp-contract=off")   # no fused multiply-add where the reference rounds twice
-X86_CFLAGS = ("-mavx2", "-mfma")
+X86_CFLAGS = ("-mavx2", "-mfma", "-mf16c")   # F16C: the attention kernel's float16 cache
 # ATen's parallel_for is header code over OpenMP: compiled without it, the kernels ran on one
 # thread whatever torch.set_num_threads said. Linked to the libgomp.so.1 torch has loaded (one
 # thread pool, torch's thread count), where torch is built with OpenMP.
@@ -75,7 +78,7 @@ def _base_cflags() -> list[str]:
 
 def _cflags() -> list[str]:
     """This CPU's variant."""
-    return [*_base_cflags(), *X86_CFLAGS] if _x86() and {"avx2", "fma"} <= _cpu_flags() else _base_cflags()
+    return [*_base_cflags(), *X86_CFLAGS] if _x86() and {"avx2", "fma", "f16c"} <= _cpu_flags() else _base_cflags()
 
 
 def ldflags(cflags: list[str]) -> list[str]:
@@ -97,7 +100,7 @@ def source_digest() -> str:
 
 
 def _build_dir(cache_dir: Path, cflags: list[str]) -> Path:
-    key = "|".join([SOURCE.read_text(), " ".join(cflags), torch.__version__, sys.version])
+    key = "|".join([*(s.read_text() for s in SOURCES), " ".join(cflags), torch.__version__, sys.version])
     return cache_dir / "cpu-ext" / f"{EXT_NAME}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -113,7 +116,7 @@ def _build(build_dir: Path, cflags: list[str]) -> bool:
     start = time.perf_counter()
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
-        load(EXT_NAME, [str(SOURCE)], extra_cflags=cflags, extra_ldflags=ldflags(cflags),
+        load(EXT_NAME, [str(s) for s in SOURCES], extra_cflags=cflags, extra_ldflags=ldflags(cflags),
              build_directory=str(build_dir), verbose=False)
     except (RuntimeError, OSError) as e:     # a compiler error: serve without it, loudly
         log.warning("cannot build the exact float32 Q4 kernel (%s): going without it", e)
@@ -160,11 +163,24 @@ class Q4Ops:
             return self.ext.q8_linear(x, qweight, scales)  # type: ignore[union-attr]
         return torch.ops.pagedkube.q8_linear(x, qweight, scales)
 
+    def decode_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """One query token per sequence against its paged context (engine/attention/cpu_backend.py)."""
+        if self._eager():
+            return self.ext.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)  # type: ignore[union-attr]
+        return torch.ops.pagedkube.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
+
+    def has_attention(self) -> bool:
+        """Whether the library has the attention kernel's vector code (AVX2/FMA/F16C builds)."""
+        if self.ext is not None:
+            return bool(self.ext.decode_attention_supported())
+        return _x86() and {"avx2", "fma", "f16c"} <= _cpu_flags()
+
 
 def _registered() -> bool:
     """Whether this process registered the operators already (from any cache's library)."""
     ns = torch.ops.pagedkube
-    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear"))
+    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear", "decode_attention"))
 
 
 def _register(library: Path) -> Q4Ops:
@@ -186,6 +202,10 @@ def _register(library: Path) -> Q4Ops:
     @torch.library.register_fake("pagedkube::q8_linear")
     def _(x, qweight, scales):
         return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    @torch.library.register_fake("pagedkube::decode_attention")
+    def _(query, k_cache, v_cache, block_tables, seq_lens, scale):
+        return torch.empty_like(query)
 
     return Q4Ops(ext)
 

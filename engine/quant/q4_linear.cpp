@@ -356,7 +356,12 @@ torch::Tensor q4_dequantize(const torch::Tensor& qweight, const torch::Tensor& s
   return w;
 }
 
-// The kernels as torch operators pagedkube::q4_linear, q4_dequantize and q8_linear, for
+// engine/attention/cpu_attention.cpp, built into this library.
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale);
+bool decode_attention_supported();
+
+// The kernels as torch operators pagedkube::q4_linear, q4_dequantize, q8_linear and decode_attention, for
 // torch.compile's captured step (engine/decode_capture.py), registered when Python asks
 // (q4_fused._register: once a process, from the first library loaded). Registered here, a
 // call from the compiled step goes through the dispatcher straight to the kernel; as Python
@@ -372,11 +377,14 @@ bool register_ops() {
   ops_def->def("q4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
   ops_def->def("q4_dequantize(Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
   ops_def->def("q8_linear(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
+  ops_def->def("decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+               "float scale) -> Tensor");
   ops_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "pagedkube", c10::DispatchKey::CPU, __FILE__,
                                              __LINE__);
   ops_cpu->impl("q4_linear", TORCH_FN(q4_linear));
   ops_cpu->impl("q4_dequantize", TORCH_FN(q4_dequantize));
   ops_cpu->impl("q8_linear", TORCH_FN(q8_linear));
+  ops_cpu->impl("decode_attention", TORCH_FN(decode_attention));
   return true;
 }
 
@@ -384,5 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_ops", &register_ops, "register the torch operators (False: registered already)");
   m.def("q8_linear", &q8_linear, "y = x W^T, W GGUF Q8_0 (int8 codes, float32 scale per 32 inputs), float32");
   m.def("q4_dequantize", &q4_dequantize, "W as float32, as formats.dequantize computes it");
+  m.def("decode_attention", &decode_attention, "paged decode attention, float32 (engine/attention/cpu_attention.cpp)");
+  m.def("decode_attention_supported", &decode_attention_supported, "built with AVX2/FMA/F16C");
   m.def("q4_linear", &q4_linear, "y = x W^T, W 4-bit with float32 scale and min per 32 inputs (float32)");
 }

@@ -55,8 +55,7 @@ def chats() -> list[list[dict]]:
 def run(quantization: str, dtype: str = "float32", kv_cache_dtype: str = "auto") -> list[tuple[list[int], list[float]]]:
     """(greedy token ids, their logprobs) per chat, all 32 chats in one generate call."""
     from pagedkube.engine import LLM, SamplingParams
-    llm = LLM(device="cpu", dtype=dtype, quantization=quantization, attention_backend="torch",
-              kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(device="cpu", dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype)
     prompts = [llm.get_tokenizer().encode_chat(chat) for chat in chats()]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=0))
     result = []

@@ -1,0 +1,225 @@
+// Decode attention on the CPU straight from the paged KV cache: one query token per sequence,
+// its context read block by block through the block table, in float32 (a float16 or bfloat16
+// cache converted in registers). torch's path gathers every layer's context into a float32
+// copy first, then runs scaled_dot_product_attention on it with a mask: two more passes over
+// the context, which at a 1,024-token context was most of a decode step's attention.
+//
+// Per sequence b and KV head h, for the G query heads that share it (grouped-query attention):
+//   s[g, t] = scale * q[g] . k[t]    for t < seq_len[b]
+//   out[g]  = sum_t e^(s[g, t] - max_t s[g, t]) v[t] / sum_t e^(s[g, t] - max_t s[g, t])
+// torch's numbers up to float32 summation order and the exponential's last bits.
+//
+// Built into the same library as the Q4 kernels (engine/quant/q4_fused.py builds both sources;
+// q4_linear.cpp registers the operator pagedkube::decode_attention and binds it for eager calls).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define ATTN_AVX2 1
+#endif
+
+namespace {
+
+#ifdef ATTN_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+
+// e^x for x <= 0: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial for
+// expf (about 1e-7 relative), times 2^n built in the exponent bits. Below -87 it is ~0.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);       // ln2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+// s[g][t] = scale * q[g] . k[t] for NG heads (q: [NG][D]), the context's rows through the table.
+template <int NG, typename T>
+void scores(const float* q, const T* cache, const int64_t* table, int64_t len, int64_t block_size,
+            int64_t token_stride, int64_t d, float scale, float* s, int64_t s_stride) {
+  for (int64_t t = 0; t < len; ++t) {
+    const T* k = cache + (table[t / block_size] * block_size + t % block_size) * token_stride;
+    __m256 acc[NG];
+    for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) {
+      const __m256 kv = load8(k + i);
+      for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[g]);
+    }
+    for (int g = 0; g < NG; ++g) s[g * s_stride + t] = scale * hsum(acc[g]);
+  }
+}
+
+// p[t] = e^(s[t] - max s) in place; returns sum_t p[t].
+float softmax_terms(float* s, int64_t len) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < len; ++t) top = std::max(top, s[t]);
+  const __m256 m = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= len; t += 8) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), m));
+    _mm256_storeu_ps(s + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = hsum(sum);
+  for (; t < len; ++t) {
+    s[t] = std::exp(s[t] - top);
+    total += s[t];
+  }
+  return total;
+}
+
+// out[g][i0 .. i0 + 8C) = sum_t p[g][t] v[t][i0 ..] for NG heads: NG x C accumulators in registers.
+template <int NG, int C, typename T>
+void weighted_sum(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t len,
+                  int64_t block_size, int64_t token_stride, int64_t i0, float* out, int64_t d) {
+  __m256 acc[NG * C];
+  for (int j = 0; j < NG * C; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) {
+    const T* v = cache + (table[t / block_size] * block_size + t % block_size) * token_stride + i0;
+    __m256 vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = load8(v + 8 * c);
+    for (int g = 0; g < NG; ++g) {
+      const __m256 w = _mm256_set1_ps(p[g * p_stride + t]);
+      for (int c = 0; c < C; ++c) acc[g * C + c] = _mm256_fmadd_ps(w, vv[c], acc[g * C + c]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + g * d + i0 + 8 * c, acc[g * C + c]);
+}
+
+template <int NG, typename T>
+void weighted_sums(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t len,
+                   int64_t block_size, int64_t token_stride, float* out, int64_t d) {
+  for (int64_t i0 = 0; i0 < d; i0 += 32) {
+    switch (std::min<int64_t>(4, (d - i0) / 8)) {
+      case 4: weighted_sum<NG, 4>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
+      case 3: weighted_sum<NG, 3>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
+      case 2: weighted_sum<NG, 2>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
+      default: weighted_sum<NG, 1>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
+    }
+  }
+}
+
+// Heads [g0, g0 + NG) of one (sequence, KV head): scores, softmax, weighted sum, normalized.
+template <int NG, typename T>
+void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t len,
+            int64_t block_size, int64_t token_stride, int64_t d, float scale, float* s, float* out) {
+  scores<NG>(q, k_cache, table, len, block_size, token_stride, d, scale, s, len);
+  float totals[NG];
+  for (int g = 0; g < NG; ++g) totals[g] = softmax_terms(s + g * len, len);
+  weighted_sums<NG>(s, len, v_cache, table, len, block_size, token_stride, out, d);
+  for (int g = 0; g < NG; ++g) {
+    const __m256 inv = _mm256_set1_ps(1.0f / totals[g]);
+    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + g * d + i, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + i), inv));
+  }
+}
+
+template <typename T>
+void decode_attention_impl(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& tables, const torch::Tensor& lens, double scale, torch::Tensor& out) {
+  const int64_t num_seqs = query.size(0), q_heads = query.size(1), d = query.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2), width = tables.size(1);
+  const int64_t group = q_heads / kv_heads, token_stride = kv_heads * d;
+  const float* qp = query.data_ptr<float>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, num_seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, h = item % kv_heads, len = lp[b];
+      s.resize(static_cast<size_t>(3 * std::max<int64_t>(len, 1)));
+      for (int64_t g0 = 0; g0 < group; g0 += 3) {
+        const int64_t head = h * group + g0;
+        const float* q = qp + (b * q_heads + head) * d;
+        float* o = op + (b * q_heads + head) * d;
+        const T* k = kp + h * d;
+        const T* v = vp + h * d;
+        const int64_t* table = tp + b * width;
+        switch (std::min<int64_t>(3, group - g0)) {
+          case 3: attend<3>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
+          case 2: attend<2>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
+          default: attend<1>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
+        }
+      }
+    }
+  });
+}
+#endif
+
+}  // namespace
+
+bool decode_attention_supported() {
+#ifdef ATTN_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+// query [B, Hq, D] float32; caches [blocks, block_size, Hkv, D] float32, float16 or bfloat16;
+// block_tables [B, W] int64; seq_lens [B] int64 (each >= 1, <= W * block_size) -> [B, Hq, D].
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(decode_attention_supported(), "decode_attention: built without AVX2/FMA/F16C");
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32 && query.is_contiguous(),
+              "query: float32 [B, Hq, D], contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type()
+                  && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches: [blocks, block_size, Hkv, D], contiguous");
+  const int64_t d = query.size(2), q_heads = query.size(1), kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == d && d % 8 == 0 && q_heads % kv_heads == 0, "head size a multiple of 8, Hq % Hkv == 0");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == query.size(0) && block_tables.scalar_type() == torch::kLong
+                  && block_tables.is_contiguous(), "block_tables: int64 [B, W]");
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == query.size(0) && seq_lens.scalar_type() == torch::kLong,
+              "seq_lens: int64 [B]");
+  const auto lens = seq_lens.contiguous();
+  // Every block the lengths reach must be in the pool: a bad table is an error, not a stray read.
+  const int64_t blocks = k_cache.size(0), block_size = k_cache.size(1), width = block_tables.size(1);
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  const int64_t* tp = block_tables.data_ptr<int64_t>();
+  for (int64_t b = 0; b < query.size(0); ++b) {
+    TORCH_CHECK(lp[b] >= 1 && lp[b] <= width * block_size, "seq_lens[", b, "] = ", lp[b], " outside [1, ",
+                width * block_size, "]");
+    for (int64_t j = 0; j < (lp[b] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(tp[b * width + j] >= 0 && tp[b * width + j] < blocks, "block_tables[", b, ", ", j, "] = ",
+                  tp[b * width + j], " outside the pool's ", blocks, " blocks");
+  }
+  auto out = torch::empty_like(query);
+#ifdef ATTN_AVX2
+  switch (k_cache.scalar_type()) {
+    case torch::kFloat32: decode_attention_impl<float>(query, k_cache, v_cache, block_tables, lens, scale, out); break;
+    case torch::kFloat16: decode_attention_impl<c10::Half>(query, k_cache, v_cache, block_tables, lens, scale, out); break;
+    case torch::kBFloat16: decode_attention_impl<c10::BFloat16>(query, k_cache, v_cache, block_tables, lens, scale, out); break;
+    default: TORCH_CHECK(false, "caches: float32, float16 or bfloat16");
+  }
+#endif
+  return out;
+}
