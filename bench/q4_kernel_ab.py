@@ -34,11 +34,25 @@ VOCAB = 49152                # the lm_head's outputs (its inputs: the hidden siz
 REPO = Path(__file__).resolve().parent.parent
 
 
-def build(source: Path, name: str, folder: Path):
+def build(sources: list[Path], name: str, folder: Path):
     from torch.utils.cpp_extension import load
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name, [str(source)], extra_cflags=q4_fused._cflags(),
+    return load(name, [str(s) for s in sources], extra_cflags=q4_fused._cflags(),
                 extra_ldflags=q4_fused.ldflags(q4_fused._cflags()), build_directory=str(folder), verbose=False)
+
+
+def sources_at(rev: str, folder: Path) -> list[Path]:
+    """The library's sources (q4_fused.SOURCES) as they were at `rev`, those that existed then
+    (the attention kernel joined the library later), written into folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for source in q4_fused.SOURCES:
+        relative = source.resolve().relative_to(REPO).as_posix()
+        shown = subprocess.run(["git", "show", f"{rev}:{relative}"], cwd=REPO, capture_output=True, text=True)
+        if shown.returncode == 0:
+            out.append(folder / source.name)
+            out[-1].write_text(shown.stdout)
+    return out
 
 
 def weights(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -77,11 +91,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="q4-ab-"))
-    old_source = tmp / "q4_linear_old.cpp"
-    old_source.write_text(subprocess.run(["git", "show", f"{args.against}:engine/quant/q4_linear.cpp"], cwd=REPO,
-                                         check=True, capture_output=True, text=True).stdout)
-    builds = {"this": build(q4_fused.SOURCE, "q4_ab_this", tmp / "this"),
-              args.against: build(old_source, "q4_ab_old", tmp / "old")}
+    builds = {"this": build(list(q4_fused.SOURCES), "q4_ab_this", tmp / "this"),
+              args.against: build(sources_at(args.against, tmp / "old-src"), "q4_ab_old", tmp / "old")}
     ws, head = weights(), lm_head()
     print(f"torch {torch.__version__}, {args.threads} thread(s), cflags {q4_fused._cflags()}, "
           f"{sum(q.numel() + 8 * s.numel() for q, s, _ in ws) / 1e6:.1f} MB per pass")

@@ -27,10 +27,15 @@ def hub_on_node(kube: Kube, repos):
     return HubServer(repos, ip).start()
 
 
+def state_dir() -> Path:
+    """Where cluster.sh keeps the real-node cluster's state (its default, or $PAGEDKUBE_E2E_DIR)."""
+    return Path(os.environ.get("PAGEDKUBE_E2E_DIR", f"/tmp/pagedkube-node-{os.getuid()}"))
+
+
 def control_plane_log(component: str, lines: int = 60) -> str:
     """The end of a control-plane process's log (kube-controller-manager, kube-scheduler, ...)
     of the cluster cluster.sh started; empty for a cluster given by $PAGEDKUBE_E2E_KUBECONFIG."""
-    state = Path(os.environ.get("PAGEDKUBE_E2E_DIR", f"/tmp/pagedkube-node-{os.getuid()}"))
+    state = state_dir()
     name = os.environ.get("PAGEDKUBE_E2E_CLUSTER", NODE_NAME)
     log = state / "kwok" / "clusters" / name / "logs" / f"{component}.log"
     if not log.is_file():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kubeutil import Kube
-from nodeutil import CLUSTER, node_env
+from nodeutil import CLUSTER, node_env, state_dir
 
 
 def leftovers(state: str) -> dict[str, list[str]]:
@@ -38,7 +38,7 @@ def test_down_leaves_nothing_behind(kube: Kube) -> None:
     if os.environ.get("PAGEDKUBE_E2E_KUBECONFIG"):
         pytest.skip("a cluster given by PAGEDKUBE_E2E_KUBECONFIG is not ours to stop")
     env = node_env()
-    state = env.get("PAGEDKUBE_E2E_DIR", f"/tmp/pagedkube-node-{os.getuid()}")
+    state = str(state_dir())
     p = subprocess.run([str(CLUSTER / "cluster.sh"), "down"], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     assert leftovers(state) == {k: [] for k in leftovers(state)}

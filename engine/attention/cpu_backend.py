@@ -39,7 +39,7 @@ class CpuKernelBackend:
 
     def _decode(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
                 scale: float) -> torch.Tensor:
-        if query.dtype != torch.float32:
+        if query.dtype != torch.float32 or query.shape[-1] % 8:    # the kernel's 8-wide rows
             return torch_backend.torch_decode(query, k_cache, v_cache, plan, scale)
         tables = plan.tables.view(query.shape[0], -1)
         return self.ops.decode_attention(query.contiguous(), k_cache, v_cache, tables, plan.seq_lens, scale)

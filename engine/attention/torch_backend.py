@@ -82,9 +82,9 @@ def plan_all_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan:
     sync, so a captured decode step (engine/decode_capture.py) holds it. The block tables' width
     is the runner's (prepare: the longest sequence's blocks; a captured step: its padded width)."""
     width = meta.block_tables.shape[1]
-    valid = (torch.arange(width * block_size, device=meta.seq_lens.device)[None, :]
-             < meta.seq_lens.long()[:, None])
-    return DecodePlan(None, meta.block_tables.reshape(-1).long(), valid[:, None, None, :], meta.seq_lens.long(), None, None)
+    seq_lens = meta.seq_lens.long()
+    valid = torch.arange(width * block_size, device=seq_lens.device)[None, :] < seq_lens[:, None]
+    return DecodePlan(None, meta.block_tables.reshape(-1).long(), valid[:, None, None, :], seq_lens, None, None)
 
 
 def plan_decodes(meta: AttentionMetadata, block_size: int) -> DecodePlan | None:

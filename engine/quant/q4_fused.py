@@ -76,9 +76,14 @@ def _base_cflags() -> list[str]:
     return [*BASE_CFLAGS, OPENMP_FLAG] if torch._C.has_openmp else list(BASE_CFLAGS)
 
 
+def _vector_cpu() -> bool:
+    """Whether this CPU runs the AVX2/FMA/F16C variant (X86_CFLAGS)."""
+    return _x86() and {"avx2", "fma", "f16c"} <= _cpu_flags()
+
+
 def _cflags() -> list[str]:
     """This CPU's variant."""
-    return [*_base_cflags(), *X86_CFLAGS] if _x86() and {"avx2", "fma", "f16c"} <= _cpu_flags() else _base_cflags()
+    return [*_base_cflags(), *X86_CFLAGS] if _vector_cpu() else _base_cflags()
 
 
 def ldflags(cflags: list[str]) -> list[str]:
@@ -174,7 +179,7 @@ class Q4Ops:
         """Whether the library has the attention kernel's vector code (AVX2/FMA/F16C builds)."""
         if self.ext is not None:
             return bool(self.ext.decode_attention_supported())
-        return _x86() and {"avx2", "fma", "f16c"} <= _cpu_flags()
+        return _vector_cpu()
 
 
 def _registered() -> bool:

@@ -193,7 +193,7 @@ void gemm_tile(const uint8_t* q, const float* scales, const float* mins, const f
 
 template <bool Q8>
 void gemm(const float* x, const uint8_t* q, const float* scales, const float* mins, int64_t m_rows, int64_t k,
-             int64_t n_rows, float* y) {
+          int64_t n_rows, float* y) {
   const int64_t groups = k / kGroup, blocks = (m_rows + kRowBlock - 1) / kRowBlock;
   std::vector<float> xt(static_cast<size_t>(blocks * kRowBlock * k));
   pack_rows(x, m_rows, k, xt.data());

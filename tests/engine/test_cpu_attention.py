@@ -111,6 +111,14 @@ def test_backend_matches_torch_ref(ops, q_lens, seq_lens, dtype):
                                expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_head_size_the_kernel_cannot_take_goes_through_torch(ops):
+    from pagedkube.engine.attention.cpu_backend import CpuKernelBackend
+    query, k_cache, v_cache, meta = make_step([1, 1], [9, 30], 4, 2, 12, torch.float32, seed=7)   # 12: not 8-wide
+    expected = torch_ref.paged_attention(query, k_cache, v_cache, meta, 0.25)
+    got = CpuKernelBackend(ops).paged_attention(query, k_cache, v_cache, meta, 0.25)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_the_runner_picks_the_kernel_where_it_is_built(ops):
     from pagedkube.engine.attention.cpu_backend import CpuKernelBackend
     from pagedkube.engine.model_runner import select_backend
