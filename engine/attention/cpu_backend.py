@@ -5,8 +5,10 @@ float32 copy (every layer, every step) and runs torch's scaled_dot_product_atten
 under a mask. engine/attention/cpu_attention.cpp instead reads the cache through the block
 table where it lies, converting a float16 or bfloat16 cache in registers, and stops at each
 sequence's length: 3.5-4.7x less time per layer at 256-2,048 tokens of context, float32
-arithmetic throughout (docs/benchmarks.md "Decode attention from the paged cache"). Prefill
-chunks and the cache writes stay torch_backend's.
+arithmetic throughout (docs/benchmarks.md "Decode attention from the paged cache"). The cache
+writes are the library's too (store_kv: one operator call a layer, where torch_backend's is a
+Python operator around two index_copy_ calls under torch.compile); prefill chunks stay
+torch_backend's.
 
 Chosen by the runner (model_runner.select_backend) on CPU with --attention-backend auto where
 our kernels are loaded (the GGUF default path: engine/quant/q4_fused.py builds both) for a
@@ -28,10 +30,9 @@ class CpuKernelBackend:
     def __init__(self, ops: Q4Ops):
         self.ops = ops
 
-    @staticmethod
-    def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        torch_backend.write_kv(key, value, k_cache, v_cache, slot_mapping)
+        self.ops.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -175,6 +175,14 @@ class Q4Ops:
             return self.ext.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)  # type: ignore[union-attr]
         return torch.ops.pagedkube.decode_attention(query, k_cache, v_cache, block_tables, seq_lens, scale)
 
+    def store_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """This step's K/V rows [T, Hkv, D] into the paged caches at their slots, in the caches' dtype."""
+        if self._eager():
+            self.ext.store_kv(key, value, k_cache, v_cache, slot_mapping)  # type: ignore[union-attr]
+        else:
+            torch.ops.pagedkube.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
     def has_attention(self) -> bool:
         """Whether the library has the attention kernel's vector code (AVX2/FMA/F16C builds)."""
         if self.ext is not None:
@@ -185,7 +193,7 @@ class Q4Ops:
 def _registered() -> bool:
     """Whether this process registered the operators already (from any cache's library)."""
     ns = torch.ops.pagedkube
-    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear", "decode_attention"))
+    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear", "decode_attention", "store_kv"))
 
 
 def _register(library: Path) -> Q4Ops:
@@ -211,6 +219,10 @@ def _register(library: Path) -> Q4Ops:
     @torch.library.register_fake("pagedkube::decode_attention")
     def _(query, k_cache, v_cache, block_tables, seq_lens, scale):
         return torch.empty_like(query)
+
+    @torch.library.register_fake("pagedkube::store_kv")
+    def _(key, value, k_cache, v_cache, slot_mapping):
+        return None
 
     return Q4Ops(ext)
 

@@ -360,8 +360,10 @@ torch::Tensor q4_dequantize(const torch::Tensor& qweight, const torch::Tensor& s
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale);
 bool decode_attention_supported();
+void store_kv(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor k_cache, torch::Tensor v_cache,
+              const torch::Tensor& slot_mapping);
 
-// The kernels as torch operators pagedkube::q4_linear, q4_dequantize, q8_linear and decode_attention, for
+// The kernels as torch operators pagedkube::q4_linear, q4_dequantize, q8_linear, decode_attention and store_kv, for
 // torch.compile's captured step (engine/decode_capture.py), registered when Python asks
 // (q4_fused._register: once a process, from the first library loaded). Registered here, a
 // call from the compiled step goes through the dispatcher straight to the kernel; as Python
@@ -379,12 +381,14 @@ bool register_ops() {
   ops_def->def("q8_linear(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   ops_def->def("decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
                "float scale) -> Tensor");
+  ops_def->def("store_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   ops_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "pagedkube", c10::DispatchKey::CPU, __FILE__,
                                              __LINE__);
   ops_cpu->impl("q4_linear", TORCH_FN(q4_linear));
   ops_cpu->impl("q4_dequantize", TORCH_FN(q4_dequantize));
   ops_cpu->impl("q8_linear", TORCH_FN(q8_linear));
   ops_cpu->impl("decode_attention", TORCH_FN(decode_attention));
+  ops_cpu->impl("store_kv", TORCH_FN(store_kv));
   return true;
 }
 
@@ -393,6 +397,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_linear", &q8_linear, "y = x W^T, W GGUF Q8_0 (int8 codes, float32 scale per 32 inputs), float32");
   m.def("q4_dequantize", &q4_dequantize, "W as float32, as formats.dequantize computes it");
   m.def("decode_attention", &decode_attention, "paged decode attention, float32 (engine/attention/cpu_attention.cpp)");
+  m.def("store_kv", &store_kv, "K/V rows into the paged caches at their slots (engine/attention/cpu_attention.cpp)");
   m.def("decode_attention_supported", &decode_attention_supported, "built with AVX2/FMA/F16C");
   m.def("q4_linear", &q4_linear, "y = x W^T, W 4-bit with float32 scale and min per 32 inputs (float32)");
 }

@@ -93,6 +93,38 @@ def test_bad_lengths_and_tables_are_errors(ops):
         ops.decode_attention(query.bfloat16(), k, v, tables, lens, 0.125)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("row_dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_writes_what_torch_writes(ops, cache_dtype, row_dtype):
+    """The cache write (store_kv): the same bits as torch_backend.write_kv (index_copy_ after .to(),
+    rounding to nearest even), rows taken from strided views of a fused qkv output as the model
+    passes them, every other slot untouched."""
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn(32, 16, 3, 64, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(32, 16, 3, 64, generator=gen).to(cache_dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    qkv = (torch.randn(70, 960, generator=gen) * 300).to(row_dtype)     # values that round in float16
+    key, value = qkv[:, 576:768].view(70, 3, 64), qkv[:, 768:].view(70, 3, 64)
+    slots = torch.randperm(32 * 16, generator=gen)[:70]                  # 70 rows: more than one thread's share
+    ops.store_kv(key, value, k_cache, v_cache, slots)
+    torch_backend.write_kv(key, value, expected_k, expected_v, slots)
+    bits = torch.int32 if cache_dtype == torch.float32 else torch.int16
+    assert torch.equal(k_cache.view(bits), expected_k.view(bits))
+    assert torch.equal(v_cache.view(bits), expected_v.view(bits))
+
+
+def test_store_kv_refuses_a_slot_outside_the_pool(ops):
+    k_cache = torch.zeros(4, 16, 3, 64, dtype=torch.float16)
+    v_cache = torch.zeros_like(k_cache)
+    key = torch.ones(2, 3, 64)
+    for bad in (64, -1):
+        with pytest.raises(RuntimeError, match="slot_mapping"):
+            ops.store_kv(key, key, k_cache, v_cache, torch.tensor([3, bad]))
+    assert not k_cache.any() and not v_cache.any()                       # checked before any write
+    with pytest.raises(RuntimeError, match="does not match"):
+        ops.store_kv(torch.ones(2, 2, 64), torch.ones(2, 2, 64), k_cache, v_cache, torch.tensor([0, 1]))
+
+
 @pytest.mark.parametrize("q_lens, seq_lens", [
     ([1, 1, 1, 1], [1, 9, 33, 17]),                       # decode only
     ([1, 7, 1, 12, 1], [21, 7, 5, 30, 64]),               # mixed: chunked prefill + decodes
