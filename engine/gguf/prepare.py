@@ -12,7 +12,11 @@ transformers, building 49K merges), so the result is cached:
     <cache>/gguf/<sha256 of the file>-v<CONVERTER_VERSION>/   config.json, tokenizer files, done.json
 
 Keyed by content, never by path or mtime, so a changed file can never meet a stale
-conversion; CONVERTER_VERSION changes when what we write changes. Made under a lock per
+conversion; CONVERTER_VERSION changes when what we write changes. Hashing the file costs
+~0.35 s a start for the default model (~3 s per GB), so the hash itself is remembered under
+<cache>/gguf/hashes/, keyed by the file's identity: device, inode, size, mtime and ctime in
+nanoseconds. Any write to the file moves its ctime (no call sets it back), and a replaced
+file has a new inode: either means a new key and a fresh hash. Made under a lock per
 file content (engine/cache_lock.py), so of two engines starting together (`pagedkube up`
 starts two, pods of a node share a cache) one converts and the other waits and finds the
 result; written into a temporary sibling and renamed into place, so no reader ever sees a
@@ -22,6 +26,7 @@ reading a converted copy would.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -72,13 +77,35 @@ def write_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
         raise ValueError(f"{gguf_path.name}: transformers wrote no tokenizer.json for this GGUF")
 
 
+def content_sha256(path: Path, root: Path) -> str:
+    """The file's sha256, remembered under root/hashes by the file's identity (module docstring)."""
+    st = path.stat()
+    identity = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    memo = root / "hashes" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+    try:
+        known = json.loads(memo.read_text())
+        if known.get("identity") == identity and len(known.get("sha256", "")) == 64:
+            return known["sha256"]
+    except (OSError, ValueError, AttributeError):    # none yet, or unreadable: hash the file
+        pass
+    if st.st_size >= HASH_LOG_BYTES:
+        log.info("hashing %s (%.1f GB) to find its conversion", path.name, st.st_size / 1e9)
+    sha = file_sha256(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"identity": identity, "sha256": sha, "name": path.name}))
+        tmp.replace(memo)
+    except OSError as e:                              # a read-only cache: hash again next time
+        log.debug("cannot remember the hash of %s: %s", path, e)
+    return sha
+
+
 def gguf_model_dir(gguf_path: str | Path) -> Path:
     """The converted folder for this file (made now if the cache lacks it)."""
     path = Path(gguf_path)
-    if path.stat().st_size >= HASH_LOG_BYTES:
-        log.info("hashing %s (%.1f GB) to find its conversion", path.name, path.stat().st_size / 1e9)
-    sha = file_sha256(path)
     root = cache_root() / "gguf"
+    sha = content_sha256(path, root)
     out = root / f"{sha}-v{CONVERTER_VERSION}"
     if (out / DONE_FILE).is_file():
         return out

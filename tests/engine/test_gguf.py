@@ -109,6 +109,37 @@ def test_the_conversion_is_cached_by_content(tmp_path, monkeypatch):
     assert prepare.gguf_model_dir(b) != first
 
 
+def test_the_file_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    """The content hash is remembered by the file's identity: a second start reads it instead of
+    the file; a rewrite in place with the same size and its old mtime put back (ctime still
+    moves), a replaced file and a corrupt record all hash the file again."""
+    import os
+    import shutil
+    from pagedkube.engine.gguf import prepare, reader
+    root = tmp_path / "cache"
+    a = write_tiny_gguf(tmp_path / "a.gguf", "qwen2", "F16")
+    hashed = []
+    real = reader.file_sha256
+    monkeypatch.setattr(prepare, "file_sha256", lambda path: hashed.append(path) or real(path))
+    sha = prepare.content_sha256(a, root)
+    assert sha == real(a) and len(hashed) == 1
+    assert prepare.content_sha256(a, root) == sha and len(hashed) == 1          # remembered
+    st = a.stat()
+    data = bytearray(a.read_bytes())
+    data[-1] ^= 0xFF                                                           # same size, other content
+    a.write_bytes(bytes(data))
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))                           # the old mtime back
+    assert prepare.content_sha256(a, root) == real(a) != sha and len(hashed) == 2
+    b = tmp_path / "b.gguf"
+    shutil.copy(a, b)
+    b.replace(a)                                                               # a new inode, same bytes
+    assert prepare.content_sha256(a, root) == real(a) and len(hashed) == 3
+    for record in (root / "hashes").iterdir():
+        record.write_text("{not json")
+    assert prepare.content_sha256(a, root) == real(a) and len(hashed) == 4     # corrupt: hashed again
+    assert prepare.content_sha256(a, root) == real(a) and len(hashed) == 4     # and remembered again
+
+
 def _rewrite_metadata(src, dst, **changes):
     """A copy of a GGUF file with some string metadata changed (gguf's reader + writer)."""
     import gguf
