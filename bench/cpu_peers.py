@@ -160,6 +160,14 @@ def summary(rec: dict, wall: float, num_sessions: int) -> dict:
             "itl_p99_ms": 1e3 * pct(rec["itl"], 0.99)}
 
 
+def pagedkube_command(gguf: Path, port: int, name: str, max_seqs: int, mode: str, quantized_dtype: str = "auto"
+                      ) -> list[str]:
+    """`pagedkube serve` of the file in one of MODES."""
+    return [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf), "--port", str(port),
+            "--served-model-name", name, "--device", "cpu", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048",
+            *MODES[mode], *([] if mode == "fp32" else ["--dtype", quantized_dtype])]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -423,10 +431,8 @@ def main() -> None:
         for mode in args.modes:
             port = free_port()
             results[f"pagedkube-{mode}"] = run_server(
-                f"pagedkube-{mode}", [sys.executable, "-P", "-m", "pagedkube", "serve", "--model", str(gguf),
-                                      "--port", str(port), "--served-model-name", source.name, "--device", "cpu",
-                                      "--max-num-seqs", str(max(args.clients)), "--max-model-len", "2048",
-                                      *MODES[mode], *([] if mode == "fp32" else ["--dtype", args.quantized_dtype])],
+                f"pagedkube-{mode}", pagedkube_command(gguf, port, source.name, max(args.clients), mode,
+                                                       args.quantized_dtype),
                 port, "/ready", source.name, args.clients, args.logdir,
                 env={**os.environ, "PAGEDKUBE_DECODE_CAPTURE": "auto"}, capture="--decode-capture" not in MODES[mode])
     if "llama-server" not in skip:
