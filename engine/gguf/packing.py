@@ -39,23 +39,30 @@ def _blocks(raw: np.ndarray, shape: tuple[int, ...], ggml_type: str) -> np.ndarr
     return np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // per_block, BLOCK_BYTES[ggml_type])
 
 
-def _fp16(b: np.ndarray) -> np.ndarray:
-    """[..., 2] uint8 -> [...] float32 (the fp16 the bytes hold)."""
-    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+def _halves(b: np.ndarray) -> np.ndarray:
+    """[..., block bytes] uint8 (an even size) -> [..., block bytes / 2] float16 views: a block's
+    leading fp16 numbers (d, m / dmin) are [..., 0] and [..., 1], read without a copy."""
+    return b.view(np.float16)
 
 
-def _nibbles_split(qs: np.ndarray) -> np.ndarray:
-    """[..., B] bytes -> [..., 2B] codes: all low nibbles, then all high nibbles (ggml's order)."""
-    return np.concatenate((qs & 0x0F, qs >> 4), axis=-1)
+def _pair_nibbles(qs: np.ndarray) -> np.ndarray:
+    """[..., B] bytes holding values 0..B-1 in their low nibbles and B..2B-1 in their high ones
+    (ggml's order) -> [..., B] bytes, byte j = values 2j (low nibble) and 2j + 1 (ours). Values
+    2j and 2j + 1 sit in the low nibbles of bytes 2j and 2j + 1 for 2j < B, in the high nibbles
+    of bytes 2j - B and 2j - B + 1 past it: four operations on the even and odd bytes, with no
+    array of one code a byte in between (2x faster than unpacking and repacking, the default
+    model's load 0.17 -> 0.10 s)."""
+    even, odd = qs[..., 0::2], qs[..., 1::2]
+    out = np.empty(qs.shape, dtype=np.uint8)
+    half = qs.shape[-1] // 2
+    np.bitwise_or(even & 0x0F, odd << 4, out=out[..., :half])      # uint8 << 4 drops the high nibble
+    np.bitwise_or(even >> 4, odd & 0xF0, out=out[..., half:])
+    return out
 
 
-def _int4(codes: np.ndarray, scales: np.ndarray, mins: np.ndarray, n: int, k: int) -> Int4Weight:
-    # formats.pack_int4's layout (two codes a byte, low nibble first), in numpy: 10x faster than
-    # its torch form on these strided uint8 views (3.4 s of the default model's load); the codes
-    # are nibbles already, so its range check has nothing to find
-    pairs = codes.reshape(n, k // 2, 2)
-    packed = np.ascontiguousarray(pairs[..., 0] | (pairs[..., 1] << 4), dtype=np.uint8)
-    return Int4Weight(qweight=torch.from_numpy(packed),
+def _int4(packed: np.ndarray, scales: np.ndarray, mins: np.ndarray, n: int, k: int) -> Int4Weight:
+    """formats.pack_int4's layout (two codes a byte, low nibble first), from _pair_nibbles."""
+    return Int4Weight(qweight=torch.from_numpy(packed.reshape(n, k // 2)),
                       scales=torch.from_numpy(np.ascontiguousarray(scales.reshape(n, -1), dtype=np.float32)),
                       mins=torch.from_numpy(np.ascontiguousarray(mins.reshape(n, -1), dtype=np.float32)),
                       group_size=BLOCK_VALUES)
@@ -77,21 +84,19 @@ def pack_gguf(raw: np.ndarray, ggml_type: str, shape: tuple[int, ...]) -> Quanti
         raise ValueError(f"pack_gguf: a {ggml_type} tensor of shape {shape} has no packed form")
     n, k = shape
     b = _blocks(raw, shape, ggml_type)
+    h = _halves(b)
     if ggml_type == "Q8_0":
-        d = _fp16(b[..., 0:2])
-        q = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k).copy())
-        return Int8Weight(qweight=q, scales=torch.from_numpy(d.reshape(n, -1)), group_size=BLOCK_VALUES)
+        q = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k))
+        return Int8Weight(qweight=q, scales=torch.from_numpy(h[..., 0].astype(np.float32)), group_size=BLOCK_VALUES)
     if ggml_type == "Q4_0":
-        d = _fp16(b[..., 0:2])
-        return _int4(_nibbles_split(b[..., 2:]), d, -8 * d, n, k)
+        d = h[..., 0].astype(np.float32)
+        return _int4(_pair_nibbles(b[..., 2:]), d, -8 * d, n, k)
     if ggml_type == "Q4_1":
-        d, m = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])
-        return _int4(_nibbles_split(b[..., 4:]), d, m, n, k)
+        return _int4(_pair_nibbles(b[..., 4:]), h[..., 0], h[..., 1], n, k)
     # Q4_K
-    d, dmin = _fp16(b[..., 0:2]), _fp16(b[..., 2:4])
+    d, dmin = h[..., 0].astype(np.float32), h[..., 1].astype(np.float32)
     sc, m = q4_k_scale_min(b[..., 4:16])                           # [N, blocks, 8]
-    qs = b[..., 16:].reshape(n, k // Q4_K_VALUES, 4, 32)            # 4 chunks of 32 bytes
-    codes = _nibbles_split(qs)                                      # [N, blocks, 4, 64]: sub-blocks 2c, 2c + 1
+    qs = b[..., 16:].reshape(n, k // Q4_K_VALUES, 4, 32)            # 4 chunks of 32 bytes: sub-blocks 2c, 2c + 1
     scales = d[..., None] * sc.astype(np.float32)
     mins = -(dmin[..., None] * m.astype(np.float32))
-    return _int4(codes, scales, mins, n, k)
+    return _int4(_pair_nibbles(qs), scales, mins, n, k)
