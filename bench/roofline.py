@@ -47,7 +47,9 @@ def engine_weight_bytes(model: str, **engine_kwargs) -> int:
     """Bytes of weights a batch-1 decode step of the engine reads (see the module docstring)."""
     import torch
     from pagedkube.engine import LLM
-    llm = LLM(model, device="cpu", num_kv_blocks=4, **engine_kwargs)
+    # no decode capture: it would compile in a background thread of this process for minutes, and
+    # cpu_peers then launches and times a server beside it (its launch took 4.1-4.9 s so, 2.4-2.7 s without)
+    llm = LLM(model, device="cpu", num_kv_blocks=4, decode_capture="off", **engine_kwargs)
     net = llm.engine.runner.model
     seen, total = set(), 0
     for t in list(net.parameters()) + list(net.buffers()):
