@@ -164,6 +164,39 @@ def test_step_errors_are_value_errors(tmp_path):
         runner.execute([ScheduledSeq(make_seq("u", [1, 2], [NUM_BLOCKS]), 2)])
 
 
+def test_a_decode_only_step_is_prepared_as_the_general_path_prepares_it(tmp_path):
+    """prepare()'s decode-only path (Python lists) gives the general path's tensors exactly, for
+    decodes at block edges, one token of a longer sequence that samples nothing, and tables of
+    unequal widths; its errors are the general path's."""
+    import random
+    runner = make_runner(make_tiny_model("qwen2", tmp_path / "m"), max_model_len=40)
+    rng = random.Random(0)
+    for trial in range(30):
+        batch = []
+        for i in range(rng.randint(1, 6)):
+            length = rng.randint(1, 36)
+            seq = make_seq(f"s{trial}-{i}", [rng.randint(1, 60) for _ in range(length)],
+                           rng.sample(range(NUM_BLOCKS), -(-length // BLOCK_SIZE) + rng.randint(0, 2)))
+            seq.num_computed_tokens = length - 1 if rng.random() < 0.8 else rng.randint(0, length - 1)
+            batch.append(ScheduledSeq(seq, 1))
+        fast, general = runner._prepare_decodes(batch), runner._prepare_general(batch)
+        assert fast.sample_items == general.sample_items
+        for name in ("input_ids", "positions", "sample_token_index"):
+            a, b = getattr(fast, name), getattr(general, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+            a, b = getattr(fast.meta, name), getattr(general.meta, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert (fast.meta.max_query_len, fast.meta.max_seq_len) == (general.meta.max_query_len, general.meta.max_seq_len)
+    outside = make_seq("outside", [1, 2], [NUM_BLOCKS])              # a block id past the pool
+    too_long = make_seq("long", list(range(1, 42)), list(range(11)))  # position 40 = max_model_len
+    outside.num_computed_tokens, too_long.num_computed_tokens = 1, 40
+    for seq, match in ((outside, "block ids must be in"), (too_long, "exceed max_model_len")):
+        for prepare in (runner._prepare_decodes, runner._prepare_general):
+            with pytest.raises(ValueError, match=match):
+                prepare([ScheduledSeq(seq, 1)])
+
+
 def test_kv_pool_shape_and_default_size(tmp_path):
     path = make_tiny_model("llama", tmp_path / "m")
     runner = make_runner(path)
