@@ -287,18 +287,17 @@ class CompiledDecode:
     is static), the block-table width dynamic. Guards on nn.Module attributes are dropped
     (guard_filter_fn): the model does not change after load, and checking its ~300 parameters and
     submodules on every call cost ~2 ms of a ~15 ms step (measured, docs/benchmarks.md); guards
-    on the input tensors' shapes stay, and they pick the bucket's graph. For the same reason the
-    generated code checks no sizes, strides or alignments of its inputs and of the operators'
-    outputs (size_asserts, alignment_asserts): ~370 Python calls a step for the default model,
-    each checking a shape the guards and the operators' own checks already fix."""
+    on the input tensors' shapes stay, and they pick the bucket's graph. Inductor's size and
+    alignment asserts stay on: turned off (1% of a one-client step) the compiled program
+    corrupted the heap on an AVX-512 CPU at max_model_len 2048 (malloc aborts while the buckets
+    compiled; docs/benchmarks.md), and passed with them on."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
         # Dynamo keeps compiled graphs per code object, and without guards on the model two engines
         # in one process would share (and overwrite) them: each engine compiles its own copy of the code.
         fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__, "decode_forward")
         self.fn = torch.compile(fresh, fullgraph=True, dynamic=False,
-                                options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                                         "size_asserts": False, "alignment_asserts": False})
+                                options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.args = (model, kv_caches, max_seq_len)
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
