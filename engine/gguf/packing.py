@@ -39,12 +39,6 @@ def _blocks(raw: np.ndarray, shape: tuple[int, ...], ggml_type: str) -> np.ndarr
     return np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // per_block, BLOCK_BYTES[ggml_type])
 
 
-def _halves(b: np.ndarray) -> np.ndarray:
-    """[..., block bytes] uint8 (an even size) -> [..., block bytes / 2] float16 views: a block's
-    leading fp16 numbers (d, m / dmin) are [..., 0] and [..., 1], read without a copy."""
-    return b.view(np.float16)
-
-
 def _pair_nibbles(qs: np.ndarray) -> np.ndarray:
     """[..., B] bytes holding values 0..B-1 in their low nibbles and B..2B-1 in their high ones
     (ggml's order) -> [..., B] bytes, byte j = values 2j (low nibble) and 2j + 1 (ours). Values
@@ -84,7 +78,7 @@ def pack_gguf(raw: np.ndarray, ggml_type: str, shape: tuple[int, ...]) -> Quanti
         raise ValueError(f"pack_gguf: a {ggml_type} tensor of shape {shape} has no packed form")
     n, k = shape
     b = _blocks(raw, shape, ggml_type)
-    h = _halves(b)
+    h = b.view(np.float16)          # every block size is even: d and m / dmin are h[..., 0] and h[..., 1], no copy
     if ggml_type == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k))
         return Int8Weight(qweight=q, scales=torch.from_numpy(h[..., 0].astype(np.float32)), group_size=BLOCK_VALUES)
