@@ -61,25 +61,29 @@ step() {  # step NAME LIMIT_S CMD...: run under min(LIMIT_S, time to the deadlin
     [ $rc -eq 0 ] || status=1
 }
 
-# Where the repository is not installed (a bare GPU machine), its packages are linked into a site
-# folder (the root itself cannot go on sys.path: operator/ would shadow the standard library's
-# operator), and carried wheels are installed beside them.
-if ! "$PY" -c "import engine, pagedkube" 2>/dev/null; then
+# Where the repository is not installed (a bare GPU machine), the `pagedkube` package is laid out
+# in a site folder as setup.py installs it: pagedkube/'s files, with engine/, gateway/ and
+# operator/ linked in as its subpackages (the root itself cannot go on sys.path: operator/ would
+# shadow the standard library's operator); carried wheels are installed beside it. Every Python
+# call runs with -P, so the working directory (this root) is never put on sys.path either.
+if ! "$PY" -P -c "import pagedkube.engine" 2>/dev/null; then
     SITE=/tmp/gpu-site
-    mkdir -p "$SITE"
-    for pkg in engine pagedkube; do ln -sfn "$PWD/$pkg" "$SITE/$pkg"; done
+    rm -rf "$SITE/pagedkube"
+    mkdir -p "$SITE/pagedkube"
+    for entry in pagedkube/*; do ln -sfn "$PWD/$entry" "$SITE/pagedkube/"; done
+    for sub in engine gateway operator; do ln -sfn "$PWD/$sub" "$SITE/pagedkube/$sub"; done
     if compgen -G ".whl/*.whl" > /dev/null; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+        "$PY" -P -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
     fi
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1;
-  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())";
+  "$PY" -P -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'gpu', torch.cuda.is_available())";
   echo "deadline ${DEADLINE}s, install took $((SECONDS - START))s"; } 2>&1 | tee -a "$SUMMARY"
 
 DEFAULT_MODEL=smollm2-135m-instruct
-if "$PY" -c "from pagedkube.model_source import resolve_model_source; resolve_model_source('$DEFAULT_MODEL')" 2>/dev/null; then
+if "$PY" -P -c "from pagedkube.model_source import resolve_model_source; resolve_model_source('$DEFAULT_MODEL')" 2>/dev/null; then
     have_model=1
 else
     have_model=0
@@ -90,19 +94,19 @@ model_step() {  # step, only where the default model is installed
 }
 
 # most important first: correctness on CUDA, then the kernels, then the engine, then the rest
-step gpu_tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_gpu_engine.py \
+step gpu_tests 240 "$PY" -P -m pytest -q -rs -p no:cacheprovider tests/engine/test_gpu_engine.py \
     tests/engine/test_triton_attention.py tests/engine/test_triton_write_kv.py tests/engine/test_triton_engine.py \
     tests/engine/test_triton_wxa16.py tests/engine/test_structured_bitmask.py
 step kernels 120 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step quant_kernels 90 "$PY" bench/quant_kernels.py --device cuda --out "$RESULTS/quant_kernels.jsonl"
 step engine_throughput 150 "$PY" bench/engine_throughput.py --device cuda
 model_step decode_step 90 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
-step decode_capture_tests 90 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_decode_capture.py -k cuda
+step decode_capture_tests 90 "$PY" -P -m pytest -q -rs -p no:cacheprovider tests/engine/test_decode_capture.py -k cuda
 step decode_capture 120 "$PY" bench/decode_capture.py --device cuda --threads 8 --sizes 1 2 4 8 --rounds 5
 model_step engine_throughput_smollm2 150 "$PY" bench/engine_throughput.py --device cuda --model "$DEFAULT_MODEL"
 # 8. tensor parallelism over NCCL: bench/tp_step.py at TP 1 and each of 2, 4, 8 that the GPUs allow
 #    (head_dim 64, 8 KV heads so that TP 8 splits them), batch 1, 32 and 256
-NUM_GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+NUM_GPUS=$("$PY" -P -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 TP_SIZES=(1)
 for n in 2 4 8; do
     if [ "$NUM_GPUS" -ge "$n" ]; then TP_SIZES+=("$n"); fi
