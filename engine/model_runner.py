@@ -86,9 +86,11 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_pa
     auto = background on CPU where it can run (a C++ toolchain for torch.compile, the torch
     attention backend, no LoRA, one rank): a bucket compiles for 1-3 minutes on a 2-core CPU for a
     ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and in
-    the background start-up does not wait for it. On CUDA auto = eager: the CUDA-graph path has not
-    yet run on a GPU (bench/gpu_all.sh measures it). $PAGEDKUBE_DECODE_CAPTURE (auto, on, off)
-    stands in for an `auto` setting: a deployment's (or a test suite's) default."""
+    the background start-up does not wait for it. On CUDA auto = on (the Triton attention backend,
+    no LoRA, one rank): CUDA graphs of buckets 1-8 took 1.9 s to capture on an H200 and made a
+    Qwen2.5-0.5B-shaped decode step 3.7x shorter at one client, 2.7x at eight (docs/benchmarks.md
+    "GPU (Triton)"). $PAGEDKUBE_DECODE_CAPTURE (auto, on, off) stands in for an `auto` setting: a
+    deployment's (or a test suite's) default."""
     mode = config.decode_capture
     if mode == "auto":
         mode = os.environ.get(DECODE_CAPTURE_ENV) or "auto"
@@ -97,8 +99,11 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_pa
     if mode == "off":
         return "off"
     if mode == "auto":
-        runnable = (device.type == "cpu" and config.attention_backend != "triton" and not config.enable_lora
-                    and not tensor_parallel and has_cxx_toolchain())
+        if config.enable_lora or tensor_parallel:
+            return "off"
+        if device.type == "cuda":
+            return "on" if config.attention_backend != "torch" else "off"
+        runnable = device.type == "cpu" and config.attention_backend != "triton" and has_cxx_toolchain()
         return "background" if runnable else "off"
     if device.type == "cpu" and config.attention_backend == "triton":
         raise ValueError("decode_capture 'on' on CPU needs the torch attention backend, not triton")

@@ -242,6 +242,6 @@ def test_triton_wrapper_needs_cuda_or_interpreter():
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "ValueError: Triton kernels need CUDA tensors" in res.stdout
