@@ -12,6 +12,7 @@ module does not import torch; constructing an engine does.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler
 from pagedkube.engine.sequence import Sequence, SequenceStatus
 from pagedkube.engine.structured.manager import StructuredOutputManager
-from pagedkube.tokenizer import Tokenizer, load_chat_template
+from pagedkube.tokenizer import CHAT_TEMPLATE_JINJA, Tokenizer, load_chat_template, tokenizer_files
 
 
 @dataclass
@@ -51,8 +52,9 @@ class EngineStats:
 PARKED_WAIT_S = 0.005
 
 
-def engine_tokenizer(config: EngineConfig, model_dir: str) -> Tokenizer | None:
-    """The model's tokenizer, or --tokenizer's; with --chat-template's template when given."""
+def engine_tokenizer_files(config: EngineConfig, model_dir: str) -> dict[str, str] | None:
+    """The files of the model's tokenizer, or --tokenizer's; with --chat-template's template when
+    given (as Tokenizer.with_chat_template puts it)."""
     tokenizer_dir = Path(config.tokenizer or model_dir).expanduser()
     if not (tokenizer_dir / "tokenizer.json").is_file():
         if config.tokenizer is not None:
@@ -60,10 +62,10 @@ def engine_tokenizer(config: EngineConfig, model_dir: str) -> Tokenizer | None:
         if config.chat_template is not None:
             raise ValueError("chat_template needs a tokenizer, and the model has no tokenizer.json")
         return None
-    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+    files = tokenizer_files(tokenizer_dir)
     if config.chat_template is not None:
-        tokenizer = tokenizer.with_chat_template(load_chat_template(config.chat_template))
-    return tokenizer
+        files[CHAT_TEMPLATE_JINJA] = load_chat_template(config.chat_template)
+    return files
 
 
 class LLMEngine:
@@ -79,7 +81,9 @@ class LLMEngine:
         self.model_name = model_name(config.model)
         self.runner = ModelRunner(config)
         model_dir = self.runner.model_config.model_dir   # a GGUF's converted files live in the cache
-        self.tokenizer = engine_tokenizer(config, model_dir)
+        # The files now; the tokenizer itself when first used (below): a server's core hands the
+        # files to its HTTP process, which tokenizes, and never needs one (0.09 s of start-up).
+        self.tokenizer_files = engine_tokenizer_files(config, model_dir)
         self.vocab_size = self.runner.model_config.vocab_size
         self.max_model_len = self.runner.max_model_len
         self.block_size = self.runner.block_size
@@ -88,7 +92,7 @@ class LLMEngine:
                                          config.hash_seed, kv_event_sink or self.kv_events.record)
         # The one source of EOS ids (the model's, else the tokenizer's), for the stop check and
         # for the sampler's min_tokens mask alike.
-        eos_ids = self.runner.model_config.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer else [])
+        eos_ids = self.runner.model_config.eos_token_ids or (self.tokenizer.eos_token_ids if self.tokenizer_files else [])
         self.eos_token_ids = list(eos_ids)
         self.runner.sampler.eos_token_ids = self.eos_token_ids
         self.scheduler = Scheduler(self.kv_manager, max_num_seqs=config.max_num_seqs,
@@ -99,10 +103,14 @@ class LLMEngine:
         self.structured = StructuredOutputManager(self._make_grammar_compiler, config.grammar_compile_timeout)
         self._errors: list[RequestDelta] = []     # requests that failed outside a step (their grammar)
 
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer | None:
+        return Tokenizer(self.tokenizer_files) if self.tokenizer_files is not None else None
+
     def _make_grammar_compiler(self):
         from pagedkube.engine.structured.grammars import GrammarCompiler
 
-        return GrammarCompiler(self.tokenizer.files["tokenizer.json"], self.vocab_size, self.eos_token_ids)
+        return GrammarCompiler(self.tokenizer_files["tokenizer.json"], self.vocab_size, self.eos_token_ids)
 
     # ---- requests ------------------------------------------------------------------
 
@@ -172,7 +180,7 @@ class LLMEngine:
         if bad_bias:
             raise ValueError(f"logit_bias: token ids must be < {self.vocab_size} (the vocabulary size); "
                              f"got {bad_bias[:5]}")
-        if params.structured_outputs is not None and self.tokenizer is None:
+        if params.structured_outputs is not None and self.tokenizer_files is None:
             raise ValueError(f"structured_outputs: model {self.model_name!r} has no tokenizer.json to build a "
                              "grammar from")
         self.scheduler.check_request(len(token_ids), params)

@@ -22,6 +22,9 @@ SUBCOMMAND_MODULES = (
     "pagedkube.operator.cli",
 )
 
+# Subcommands that start work before their flags are parsed: module.early_start(argv)
+EARLY_STARTS = {"serve": "pagedkube.engine.server.core_launch"}
+
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """--help shows every option's default: appended where its help does not already say it."""
@@ -68,15 +71,30 @@ def _subcommand(parser: argparse.ArgumentParser, name: str | None) -> argparse.A
     return parser
 
 
+def start_early(argv: list[str]) -> Any:
+    """What a subcommand starts before the parsers are built (EARLY_STARTS): `pagedkube serve`'s
+    engine core process, whose imports then overlap this process's start. An object with
+    cancel(), or None."""
+    module = EARLY_STARTS.get(argv[0]) if argv else None
+    return importlib.import_module(module).early_start(argv) if module else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:   # the subcommand's own usage, not the top level's: it is the one that was mistyped
-        _subcommand(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(unknown)}")
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 2
-    return int(args.func(args) or 0)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    launch = start_early(argv)
+    try:
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        args.core_launch = launch
+        if unknown:   # the subcommand's own usage, not the top level's: it is the one that was mistyped
+            _subcommand(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(unknown)}")
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    finally:
+        if launch is not None:
+            launch.cancel()     # a no-op once `serve` gave it its engine
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ def load_chat_template(given: str) -> str:
     raise ValueError(f"chat template {given!r} is neither a readable file nor a Jinja template")
 
 
+def tokenizer_files(model_dir: str | Path) -> dict[str, str]:
+    """The TOKENIZER_FILES a model directory has, by name: what Tokenizer(files) reads."""
+    model_dir = Path(model_dir)
+    return {name: (model_dir / name).read_text(encoding="utf-8")
+            for name in TOKENIZER_FILES if (model_dir / name).is_file()}
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):  # AddedToken serialised as a dict
         return value.get("content")
@@ -94,10 +101,7 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> "Tokenizer":
-        model_dir = Path(model_dir)
-        files = {name: (model_dir / name).read_text(encoding="utf-8")
-                 for name in TOKENIZER_FILES if (model_dir / name).is_file()}
-        return cls(files)
+        return cls(tokenizer_files(model_dir))
 
     def with_chat_template(self, template: str) -> "Tokenizer":
         """This tokenizer with `template` (text) as its chat template, in every copy of its files

@@ -8,6 +8,7 @@ over one LLMEngine, with vLLM's metric names and the cache feed for the gateway.
     engine_client.py  EngineClient, the protocol the server depends on; EngineInfo
     core_client.py    EngineCoreClient: drives the engine core over a pipe (two threads)
     engine_core.py    the engine core (own process, or a thread): owns the LLMEngine
+    core_launch.py    the core's process started first, importing torch while the CLI starts
     core_messages.py  the typed messages between the two (RequestDelta per step)
     streams.py        per-request output streams (on the event loop)
     text_check.py     a 400 naming the field for text that is not Unicode (a lone surrogate)

@@ -62,7 +62,7 @@ class EngineCore:
     def facts(self) -> EngineFacts:
         engine, stats = self.engine, self.engine.stats()
         return EngineFacts(
-            tokenizer_files=dict(engine.tokenizer.files) if engine.tokenizer is not None else None,
+            tokenizer_files=dict(engine.tokenizer_files) if engine.tokenizer_files is not None else None,
             vocab_size=engine.vocab_size, model_name=engine.model_name, max_model_len=engine.max_model_len,
             block_size=engine.block_size, hash_seed=getattr(engine.config, "hash_seed", ""),
             num_kv_blocks=stats.num_kv_blocks, eos_token_ids=list(engine.eos_token_ids), stats=stats)
@@ -198,6 +198,13 @@ def serve_core(conn: Connection, factory: EngineFactory) -> None:
         return
     conn.send(ready)
     try:
+        # The core detokenizes (stop strings): its tokenizer is built now, after the ready
+        # message, while the HTTP process builds its own, rather than before it (start-up) or
+        # in the first request. A tokenizer.json that does not load fails the HTTP side's too.
+        try:
+            _ = core.engine.tokenizer
+        except Exception:         # the HTTP side's own build fails start-up, with the reason
+            logger.warning("the tokenizer does not load", exc_info=True)
         core.run()
     except (EOFError, OSError):   # the HTTP process went away
         pass

@@ -16,6 +16,7 @@ from typing import Any
 from pagedkube.defaults import default_of
 from pagedkube.engine.config import EngineConfig
 from pagedkube.engine.server.config import ServerConfig
+from pagedkube.engine.server.core_launch import CoreLaunch
 from pagedkube.engine.server.engine_core import build_engine, spawn_core
 from pagedkube.engine.server.engine_flags import add_engine_args, parse_bytes
 from pagedkube.http_head_limits import add_head_limit_args, head_limits_from_args
@@ -167,8 +168,15 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"pagedkube serve: error: {exc}", flush=True)
         return 2
     factory = functools.partial(build_engine, config.engine)
-    # The core imports torch and loads the model while this process imports the HTTP stack.
-    launched = None if config.engine_in_process else spawn_core(factory)
+    # The core imports torch and loads the model while this process imports the HTTP stack;
+    # `pagedkube serve` started its process before its flags were read (pagedkube/cli.py).
+    launch: CoreLaunch | None = getattr(args, "core_launch", None)
+    if config.engine_in_process:
+        launched = None
+    elif launch is not None:
+        launched = launch.serve(factory, logging.getLogger().level)
+    else:
+        launched = spawn_core(factory)
     import uvicorn
 
     from pagedkube.engine.server.app import create_app
