@@ -27,6 +27,7 @@ never imports torch. Hence the lazy attributes below.
     sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)
     penalties.py         repetition, presence and frequency penalties, logit bias
     output_processor.py  tokens -> text, stop strings, logprobs
+    tokenizer_source.py  which tokenizer files an engine serves (torch-free: the HTTP process reads them too)
     cli.py               registers the `generate`, `serve` and `download` subcommands
     generate_cli.py      `pagedkube generate`
     download_cli.py      `pagedkube download`: a Hub model into the cache, ready to serve

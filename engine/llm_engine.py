@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from pagedkube.engine.config import EngineConfig
@@ -28,7 +27,8 @@ from pagedkube.engine.sampling_params import SamplingParams
 from pagedkube.engine.scheduler import Scheduler
 from pagedkube.engine.sequence import Sequence, SequenceStatus
 from pagedkube.engine.structured.manager import StructuredOutputManager
-from pagedkube.tokenizer import CHAT_TEMPLATE_JINJA, Tokenizer, load_chat_template, tokenizer_files
+from pagedkube.engine.tokenizer_source import engine_tokenizer_files
+from pagedkube.tokenizer import Tokenizer
 
 
 @dataclass
@@ -50,22 +50,6 @@ class EngineStats:
 
 # While only grammars are compiling, a step waits this long for one (instead of spinning).
 PARKED_WAIT_S = 0.005
-
-
-def engine_tokenizer_files(config: EngineConfig, model_dir: str) -> dict[str, str] | None:
-    """The files of the model's tokenizer, or --tokenizer's; with --chat-template's template when
-    given (as Tokenizer.with_chat_template puts it)."""
-    tokenizer_dir = Path(config.tokenizer or model_dir).expanduser()
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        if config.tokenizer is not None:
-            raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json in that directory")
-        if config.chat_template is not None:
-            raise ValueError("chat_template needs a tokenizer, and the model has no tokenizer.json")
-        return None
-    files = tokenizer_files(tokenizer_dir)
-    if config.chat_template is not None:
-        files[CHAT_TEMPLATE_JINJA] = load_chat_template(config.chat_template)
-    return files
 
 
 class LLMEngine:

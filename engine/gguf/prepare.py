@@ -77,17 +77,32 @@ def write_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
         raise ValueError(f"{gguf_path.name}: transformers wrote no tokenizer.json for this GGUF")
 
 
-def content_sha256(path: Path, root: Path) -> str:
-    """The file's sha256, remembered under root/hashes by the file's identity (module docstring)."""
+def _identity(path: Path, root: Path) -> tuple[str, Path]:
+    """(the file's identity, the record of its hash under root/hashes)."""
     st = path.stat()
     identity = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-    memo = root / "hashes" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+    return identity, root / "hashes" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+
+
+def remembered_sha256(path: Path, root: Path) -> str | None:
+    """The file's sha256 if a record of it matches the file's identity now; else None."""
+    identity, memo = _identity(path, root)
     try:
         known = json.loads(memo.read_text())
         if known.get("identity") == identity and len(known.get("sha256", "")) == 64:
             return known["sha256"]
-    except (OSError, ValueError, AttributeError):    # none yet, or unreadable: hash the file
+    except (OSError, ValueError, AttributeError):    # none yet, or unreadable
         pass
+    return None
+
+
+def content_sha256(path: Path, root: Path) -> str:
+    """The file's sha256, remembered under root/hashes by the file's identity (module docstring)."""
+    known = remembered_sha256(path, root)
+    if known is not None:
+        return known
+    st = path.stat()
+    identity, memo = _identity(path, root)
     if st.st_size >= HASH_LOG_BYTES:
         log.info("hashing %s (%.1f GB) to find its conversion", path.name, st.st_size / 1e9)
     sha = file_sha256(path)
@@ -99,6 +114,16 @@ def content_sha256(path: Path, root: Path) -> str:
     except OSError as e:                              # a read-only cache: hash again next time
         log.debug("cannot remember the hash of %s: %s", path, e)
     return sha
+
+
+def converted_model_dir(gguf_path: str | Path) -> Path | None:
+    """The converted folder for this file if the cache has it and remembers the file's hash;
+    None otherwise. Reads two small files: no hashing, no conversion, no lock."""
+    path = Path(gguf_path)
+    root = cache_root() / "gguf"
+    sha = remembered_sha256(path, root)
+    out = root / f"{sha}-v{CONVERTER_VERSION}"
+    return out if sha is not None and (out / DONE_FILE).is_file() else None
 
 
 def gguf_model_dir(gguf_path: str | Path) -> Path:

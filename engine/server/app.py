@@ -39,6 +39,7 @@ from pagedkube.engine.server.openai_routes import router as openai_router
 from pagedkube.engine.server.state import ServerState
 from pagedkube.engine.server.sampling_defaults import sampling_defaults
 from pagedkube.engine.server.tool_parsers import resolve as resolve_tool_parser
+from pagedkube.engine.tokenizer_source import local_tokenizer_files
 from pagedkube.http_limits import BodyLimits
 from pagedkube.openai_errors import DRAINING, ENGINE_UNHEALTHY, INVALID_API_KEY, NOT_READY, error_body
 from pagedkube.tracing import build_tracing
@@ -80,7 +81,8 @@ def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None
     # The engine steps in its own process by default (no GIL shared with the HTTP event
     # loop); --engine-in-process runs the same core in a thread of this one, for debugging.
     engine = EngineCoreClient(factory, in_process=config.engine_in_process, launched=launched,
-                              heartbeat_timeout=config.heartbeat_timeout, on_fatal=lambda: state.fatal())
+                              heartbeat_timeout=config.heartbeat_timeout, on_fatal=lambda: state.fatal(),
+                              tokenizer_files=functools.partial(local_tokenizer_files, config.engine))
     state = ServerState(config=config, engine=engine,
                         workers=concurrent.futures.ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="prepare"))
     tracing = build_tracing("pagedkube-engine", config.observability.otlp_traces_endpoint)

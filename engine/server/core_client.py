@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from pagedkube.engine.llm_engine import EngineStats
     from pagedkube.engine.lora.request import LoRARequest
     from pagedkube.engine.server.metrics import EngineMetrics
+    from pagedkube.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +98,13 @@ class EngineCoreClient:
     def __init__(self, factory: EngineFactory, *, in_process: bool = False,
                  heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
                  on_fatal: Callable[[], None] | None = None,
-                 launched: tuple[Connection, BaseProcess] | None = None):
-        """launched: a core already started by engine_core.spawn_core (with this factory)."""
+                 launched: tuple[Connection, BaseProcess] | None = None,
+                 tokenizer_files: Callable[[], dict[str, str] | None] | None = None):
+        """launched: a core already started by engine_core.spawn_core (with this factory).
+        tokenizer_files: where this side can read the files the core will send (None when it
+        cannot tell; engine/tokenizer_source.py), to make its tokenizer while the core loads."""
         self._factory = factory
+        self._tokenizer_files = tokenizer_files
         self._launched = launched
         self._in_process = in_process
         self.heartbeat_timeout = heartbeat_timeout
@@ -137,6 +142,7 @@ class EngineCoreClient:
         else:
             self._conn, worker = spawn_core(self._factory)
         self._worker = worker
+        early = self._loop.run_in_executor(None, self._early_tokenizer)
         try:
             first = await self._loop.run_in_executor(None, self._conn.recv)
         except (EOFError, OSError):
@@ -149,12 +155,25 @@ class EngineCoreClient:
         from pagedkube.tokenizer import Tokenizer
         self._stats = facts.stats
         self._last_heard = time.monotonic()
-        self.info = EngineInfo.from_facts(
-            facts, tokenizer=Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None,
-            kv_events=KVEventLog())
+        tokenizer = await early
+        if tokenizer is None or tokenizer.files != facts.tokenizer_files:    # the core's files count
+            tokenizer = Tokenizer(facts.tokenizer_files) if facts.tokenizer_files else None
+        self.info = EngineInfo.from_facts(facts, tokenizer=tokenizer, kv_events=KVEventLog())
         threading.Thread(target=self._send_loop, name="engine-core-sender", daemon=True).start()
         threading.Thread(target=self._read_loop, name="engine-core-reader", daemon=True).start()
         return self.info
+
+    def _early_tokenizer(self) -> Tokenizer | None:
+        """The tokenizer of the files this side reads itself, made while the core loads; None
+        when it cannot read them or they do not load (the core's files decide either way)."""
+        from pagedkube.tokenizer import Tokenizer
+
+        try:
+            files = self._tokenizer_files() if self._tokenizer_files is not None else None
+            return Tokenizer(files) if files else None
+        except Exception:           # a tokenizer.json that does not load: the core's files decide
+            logger.debug("no tokenizer made ahead of the core", exc_info=True)
+            return None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stops the core (its requests end with 503) and waits for it; thread-safe."""

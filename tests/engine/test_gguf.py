@@ -109,6 +109,27 @@ def test_the_conversion_is_cached_by_content(tmp_path, monkeypatch):
     assert prepare.gguf_model_dir(b) != first
 
 
+def test_the_converted_folder_is_looked_up_without_hashing_or_converting(tmp_path, monkeypatch):
+    """converted_model_dir (what the HTTP process reads its tokenizer from while the core loads):
+    None before the first conversion, and once the file changes; never hashes or converts."""
+    import os
+    from pagedkube.engine.gguf import prepare
+    monkeypatch.setenv(prepare.CACHE_ENV, str(tmp_path / "cache"))
+    a = write_tiny_gguf(tmp_path / "a.gguf", "qwen2", "F16")
+    monkeypatch.setattr(prepare, "file_sha256", lambda path: pytest.fail("hashed"))
+    assert prepare.converted_model_dir(a) is None
+    assert not (tmp_path / "cache" / "gguf").exists() or not any((tmp_path / "cache" / "gguf").glob("*-v*"))
+    monkeypatch.undo()
+    monkeypatch.setenv(prepare.CACHE_ENV, str(tmp_path / "cache"))
+    converted = prepare.gguf_model_dir(a)
+    monkeypatch.setattr(prepare, "file_sha256", lambda path: pytest.fail("hashed"))
+    assert prepare.converted_model_dir(a) == converted
+    st = a.stat()
+    a.write_bytes(a.read_bytes())                        # rewritten: its identity (ctime) moves
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepare.converted_model_dir(a) is None
+
+
 def test_the_file_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
     """The content hash is remembered by the file's identity: a second start reads it instead of
     the file; a rewrite in place with the same size and its old mtime put back (ctime still
