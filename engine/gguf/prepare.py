@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 
 from pagedkube.engine.cache_lock import cache_lock
-from pagedkube.engine.gguf.config import gguf_config
-from pagedkube.engine.gguf.reader import GGUFFile, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +73,14 @@ def write_tokenizer_files(gguf_path: Path, out_dir: Path) -> None:
     tok.save_pretrained(str(out_dir))
     if not (out_dir / "tokenizer.json").is_file():
         raise ValueError(f"{gguf_path.name}: transformers wrote no tokenizer.json for this GGUF")
+
+
+def file_sha256(path: Path) -> str:
+    """engine/gguf/reader.py's, imported only when a file is hashed: the lookups here need no
+    numpy (the HTTP process makes them, converted_model_dir)."""
+    from pagedkube.engine.gguf.reader import file_sha256 as sha256
+
+    return sha256(path)
 
 
 def _identity(path: Path, root: Path) -> tuple[str, Path]:
@@ -134,6 +140,9 @@ def gguf_model_dir(gguf_path: str | Path) -> Path:
     out = root / f"{sha}-v{CONVERTER_VERSION}"
     if (out / DONE_FILE).is_file():
         return out
+    from pagedkube.engine.gguf.config import gguf_config
+    from pagedkube.engine.gguf.reader import GGUFFile
+
     f = GGUFFile(path)
     config = gguf_config(f)      # unsupported architectures fail here, before any conversion
     f.check_types()
