@@ -23,7 +23,7 @@ def engine_tokenizer_files(config: EngineConfig, model_dir: str | Path) -> dict[
             raise ValueError("chat_template needs a tokenizer, and the model has no tokenizer.json")
         return None
     files = tokenizer_files(tokenizer_dir)
-    if config.chat_template is not None:
+    if config.chat_template is not None:   # in every copy of the files: the HTTP process and the gateway render with it
         files[CHAT_TEMPLATE_JINJA] = load_chat_template(config.chat_template)
     return files
 

@@ -103,11 +103,6 @@ class Tokenizer:
     def from_pretrained(cls, model_dir: str | Path) -> "Tokenizer":
         return cls(tokenizer_files(model_dir))
 
-    def with_chat_template(self, template: str) -> "Tokenizer":
-        """This tokenizer with `template` (text) as its chat template, in every copy of its files
-        (the engine's HTTP process and the gateway render with the same one)."""
-        return Tokenizer({**self.files, CHAT_TEMPLATE_JINJA: template})
-
     @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None

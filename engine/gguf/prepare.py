@@ -90,25 +90,30 @@ def _identity(path: Path, root: Path) -> tuple[str, Path]:
     return identity, root / "hashes" / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
 
 
-def remembered_sha256(path: Path, root: Path) -> str | None:
-    """The file's sha256 if a record of it matches the file's identity now; else None."""
-    identity, memo = _identity(path, root)
+def _recorded(identity: str, memo: Path) -> str | None:
+    """The sha256 the record holds for this identity; None when there is none, or it is
+    unreadable or for another identity."""
     try:
         known = json.loads(memo.read_text())
         if known.get("identity") == identity and len(known.get("sha256", "")) == 64:
             return known["sha256"]
-    except (OSError, ValueError, AttributeError):    # none yet, or unreadable
+    except (OSError, ValueError, AttributeError):
         pass
     return None
 
 
+def remembered_sha256(path: Path, root: Path) -> str | None:
+    """The file's sha256 if a record of it matches the file's identity now; else None."""
+    return _recorded(*_identity(path, root))
+
+
 def content_sha256(path: Path, root: Path) -> str:
     """The file's sha256, remembered under root/hashes by the file's identity (module docstring)."""
-    known = remembered_sha256(path, root)
+    identity, memo = _identity(path, root)
+    known = _recorded(identity, memo)
     if known is not None:
         return known
     st = path.stat()
-    identity, memo = _identity(path, root)
     if st.st_size >= HASH_LOG_BYTES:
         log.info("hashing %s (%.1f GB) to find its conversion", path.name, st.st_size / 1e9)
     sha = file_sha256(path)

@@ -76,7 +76,7 @@ class APIKeyMiddleware:
 
 def create_app(config: ServerConfig, engine_factory: EngineFactory | None = None,
                launched: tuple[Connection, BaseProcess] | None = None) -> FastAPI:
-    """launched: the engine core already started (engine_core.spawn_core) with engine_factory."""
+    """launched: the engine core already started (engine_core.spawn_core, core_launch.CoreLaunch) for engine_factory."""
     factory = engine_factory or functools.partial(build_engine, config.engine)
     # The engine steps in its own process by default (no GIL shared with the HTTP event
     # loop); --engine-in-process runs the same core in a thread of this one, for debugging.

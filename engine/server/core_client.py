@@ -100,7 +100,7 @@ class EngineCoreClient:
                  on_fatal: Callable[[], None] | None = None,
                  launched: tuple[Connection, BaseProcess] | None = None,
                  tokenizer_files: Callable[[], dict[str, str] | None] | None = None):
-        """launched: a core already started by engine_core.spawn_core (with this factory).
+        """launched: a core already started (engine_core.spawn_core, core_launch.CoreLaunch) for this factory.
         tokenizer_files: where this side can read the files the core will send (None when it
         cannot tell; engine/tokenizer_source.py), to make its tokenizer while the core loads."""
         self._factory = factory

@@ -8,8 +8,9 @@ parsers, reading its flags and importing the HTTP stack (docs/benchmarks.md "Sta
     launch.cancel()                     # or: the flags were bad, or --engine-in-process
 
 This module imports only the standard library: it runs before anything else is imported.
-The process is the same one engine_core.spawn_core starts ("spawn", a pipe, dying with
-this thread); until it is given its factory it only imports, and it exits on EOF.
+It is the one way a core process starts (engine_core.spawn_core starts one and serves it at
+once): "spawn", a pipe, dying with this thread; until it is given its factory it only imports,
+and it exits on EOF.
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ class CoreLaunch:
 
 
 def run_preloaded_core(conn: Connection, parent_pid: int) -> None:
-    """The process's entry point: imports, then waits for (factory, log level) and serves it
-    exactly as engine_core.run_engine_core does."""
+    """The core process's entry point ("spawn" target): dies with the HTTP process and ignores
+    SIGINT/SIGTERM (that process decides when it stops), imports, then waits for (factory, log
+    level) and serves it."""
     from importlib import import_module
 
     from pagedkube.parent_death import die_with_parent

@@ -16,16 +16,13 @@ process decides when it stops (a drain needs the engine until the end).
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import signal
 import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 from pagedkube.engine.distributed.errors import WorkerFailed
-from pagedkube.parent_death import die_with_parent
+from pagedkube.engine.server.core_launch import CoreLaunch
 from pagedkube.engine.server.core_messages import (HEARTBEAT_INTERVAL_S, AbortRequests, AddRequests, CoreFailed,
                                                    CoreReady, EngineFacts, KVEvent, LoadLoRA, LoRAResult,
                                                    RequestError, Shutdown, StepMessage, UnloadLoRA)
@@ -210,24 +207,9 @@ def serve_core(conn: Connection, factory: EngineFactory) -> None:
         pass
 
 
-def run_engine_core(conn: Connection, factory: EngineFactory, parent_pid: int, log_level: int) -> None:
-    """The core process's entry point (multiprocessing "spawn" target)."""
-    die_with_parent(signal.SIGKILL, parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [core]: %(message)s")
-    serve_core(conn, factory)
-
-
 def spawn_core(factory: EngineFactory) -> tuple[Connection, BaseProcess]:
-    """Starts the core process; (this end of its pipe, the process). Call it from the thread
-    that will run the event loop (PR_SET_PDEATHSIG follows the creating thread). `pagedkube
-    serve` calls it before importing the HTTP stack, so the core's torch import and model load
-    overlap this process's imports (docs/benchmarks.md, "Start-up")."""
-    ctx = multiprocessing.get_context("spawn")
-    conn, child = ctx.Pipe(duplex=True)
-    worker = ctx.Process(target=run_engine_core, name="engine-core", daemon=True,
-                         args=(child, factory, os.getpid(), logging.getLogger().level))
-    worker.start()
-    child.close()
-    return conn, worker
+    """Starts the core process and gives it its engine at once; (this end of its pipe, the
+    process). Call it from the thread that will run the event loop (PR_SET_PDEATHSIG follows the
+    creating thread). `pagedkube serve` starts the process earlier, before reading its flags
+    (core_launch.py), so the core's torch import overlaps this process's start."""
+    return CoreLaunch.start().serve(factory, logging.getLogger().level)
