@@ -9,6 +9,10 @@ each, per round; the step time is the median engine step of the round's decode. 
                    on the AVX2 path; on an AVX-512 CPU at max_model_len 2048 that program
                    corrupted the heap, so the engine keeps them)
     torch-write    the cache write through torch_backend's operator, not our store_kv
+    exact-q4       projections only from exact kernels: the int16-activation Q4 kernel (q4i16)
+                   left out of the calibration's candidates
+    cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
+                   not from a generated Python function
 
 Medians of the rounds per variant; compare variants of one run only (the machine drifts).
 
@@ -32,12 +36,19 @@ def variant(name: str):
     compile reads its options then; the engine keeps both)."""
     from pagedkube.engine.attention import cpu_backend, torch_backend
     import pagedkube.engine.decode_capture as capture
-    compile_, backend = torch.compile, cpu_backend.CpuKernelBackend
+    import pagedkube.engine.quant.calibrate as calibrate
+    compile_, backend, near_exact = torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT
     if name == "no-asserts":
         def compile_without_asserts(fn, **kw):
             options = {**kw.pop("options", {}), "size_asserts": False, "alignment_asserts": False}
             return compile_(fn, options=options, **kw)
         capture.torch.compile = compile_without_asserts
+    elif name == "exact-q4":
+        calibrate.NEAR_EXACT = frozenset()
+    elif name == "cpp-wrapper":
+        def compile_with_cpp_wrapper(fn, **kw):
+            return compile_(fn, options={**kw.pop("options", {}), "cpp_wrapper": True}, **kw)
+        capture.torch.compile = compile_with_cpp_wrapper
     elif name == "torch-write":
         class TorchWrite(backend):
             def write_kv(self, *args):
@@ -48,7 +59,7 @@ def variant(name: str):
     try:
         yield
     finally:
-        capture.torch.compile, cpu_backend.CpuKernelBackend = compile_, backend
+        capture.torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT = compile_, backend, near_exact
 
 
 def main() -> None:

@@ -93,7 +93,9 @@ class Probe:
         t = time.perf_counter()
         self.engine = LLMEngine(EngineConfig(model=model, device=args.device, dtype=dtype,
                                              max_model_len=args.prompt_tokens + args.steps + 64,
-                                             enable_prefix_caching=False, **extra))   # every round prefills
+                                             enable_prefix_caching=False,     # every round prefills
+                                             decode_capture="off",            # the eager step, phase by phase
+                                             **extra))
         self.label = {"quantization": quantization, "dtype": dtype, "load_s": round(time.perf_counter() - t, 1)}
         self.timer = PhaseTimer(cpu=args.cpu_time)
         engine, runner = self.engine, self.engine.runner

@@ -16,6 +16,9 @@ weight right after another candidate's prefill call, as before, our fused kernel
 
     candidate     weight kept as                      activations in the kernel     exact
     q4fused-f32   the file's Q4 codes, scales, mins   float32 (engine/quant/q4_fused.py)  yes
+    q4i16-f32     the same tensors (no second copy)   float32, rounded to int16 per
+                                                      group of 32 inside the kernel
+                                                      below 12 rows (q4_linear.cpp)  near
     q4deq-f32     the same tensors (no second copy)   float32: W dequantized per call,
                                                       then a float32 matmul          yes
     int4-f32      tinygemm's packed int4              float32                        yes
@@ -25,11 +28,16 @@ weight right after another candidate's prefill call, as before, our fused kernel
     dense-bf16    bf16 (Q4 values rounded to bf16)    bf16                           no
 
 Exact candidates compute the float32 reference's numbers (the file's weights dequantized,
-float32 arithmetic) up to summation order; the others round to bf16 on the way, which on
+float32 arithmetic) up to summation order; the bf16 ones round to bf16 on the way, which on
 the default model costs a third of the greedy agreement with that reference (docs/benchmarks.md
-"Fidelity per component"). So fidelity comes first: where our fused kernel is built, only
-exact candidates are timed (int4-f32 not among them: 10-20x our kernels, it is never chosen); where it is not (no C++ toolchain), the bf16 ones are let in
-too, since the exact alternatives are 25-50x slower (int4-f32) or 6x the memory (dense-f32),
+"Fidelity per component"). The near-exact q4i16 rounds x to 16 bits per group of 32
+(2^-16 of the group's largest |x|, ~1/40 of bf16's error) for about half the vector work of a
+decode call: on the default model, chats decoded one at a time agree with the reference on
+0.98 of their greedy tokens against the exact kernel's 1.0, where bf16 gets 0.64-0.84
+(tests/engine/test_quant_quality.py, docs/benchmarks.md "Int16 activations"). So fidelity comes
+first: where our fused kernel is built, only exact and near-exact candidates are timed
+(int4-f32 not among them: 10-20x our kernels, it is never chosen); where it is not (no C++
+toolchain), the bf16 ones are let in too, since the exact alternatives are 25-50x slower (int4-f32) or 6x the memory (dense-f32),
 and a WARNING says what that costs. int8 requantization of a Q4 file is never a candidate:
 it adds its own rounding on top of the file's (tests/engine/test_quant_quality.py). f32
 candidates exist only under float32 activations.
@@ -68,9 +76,13 @@ from pagedkube.engine.quant.q4_fused import GROUP_SIZE as Q4_FUSED_GROUP, Q4Ops,
 
 log = logging.getLogger(__name__)
 
-CANDIDATES = ("q4fused-f32", "q4deq-f32", "int4-bf16", "int4-f32", "dense-bf16", "dense-f32")
+CANDIDATES = ("q4fused-f32", "q4i16-f32", "q4deq-f32", "int4-bf16", "int4-f32", "dense-bf16", "dense-f32")
 EXACT = frozenset({"q4fused-f32", "q4deq-f32", "int4-f32", "dense-f32"})   # float32 arithmetic on the file's values
-Q4_OWN = ("q4fused", "q4deq")       # our kernels: one weight serves both (a prefill one costs no bytes)
+# Not exact, but within the fidelity bar at 1/40 of bf16's error: x rounded to int16 per group of
+# 32 (q4_linear.cpp row_tile_i16); greedy agreement with the float32 reference recorded per
+# representation in tests/engine/test_quant_quality.py.
+NEAR_EXACT = frozenset({"q4i16-f32"})
+Q4_OWN = ("q4fused", "q4i16", "q4deq")   # our kernels: one weight serves all (a prefill one costs no bytes)
 # What the bf16 candidates cost on the default model (SmolLM2 Q4_1, 32 chats x 32 greedy tokens,
 # tests/engine/test_quant_quality.py), said in the warning when they have to be let in.
 BF16_FIDELITY = "greedy agreement with the float32 reference 0.66-0.84 instead of 1.0 on the default model"
@@ -131,7 +143,7 @@ def candidates_for(shape: Shape, dtype: torch.dtype, fused: Q4Ops | None = None)
              or c.startswith("dense")]
     names = [c for c in names if dtype == torch.float32 or not c.endswith("-f32")]
     if fits_fused and dtype == torch.float32:   # int4-f32: 10-20x our kernels, and the slowest to time
-        names = [c for c in names if c in EXACT and c != "int4-f32"]
+        names = [c for c in names if (c in EXACT or c in NEAR_EXACT) and c != "int4-f32"]
     return tuple(names)
 
 
@@ -140,7 +152,7 @@ def build(candidate: str, w: QuantizedWeight, fused: Q4Ops | None = None) -> Ker
     act_dtype = ACT_DTYPES[act]
     if rep in Q4_OWN:
         assert isinstance(w, Int4Weight) and fused is not None, candidate
-        return q4_fused_kernel(w, fused, dequant=rep == "q4deq")
+        return q4_fused_kernel(w, fused, form=rep)
     if rep == "int4":
         assert isinstance(w, Int4Weight) and tinygemm_fits(w), candidate
         return int4pack_kernel(w, act_dtype)
@@ -328,7 +340,8 @@ class KernelCalibration:
                  how, str(dtype).removeprefix("torch."), self.cache_path,
                  "; ".join(f"{s} decode {c.decode} prefill {c.prefill}" for s, c in sorted(self.choices.items())),
                  self.used / 2**20, budget / 2**20)
-        inexact = sorted({c for choice in self.choices.values() for c in (choice.decode, choice.prefill)} - EXACT)
+        inexact = sorted({c for choice in self.choices.values() for c in (choice.decode, choice.prefill)}
+                         - EXACT - NEAR_EXACT)
         if inexact:
             log.warning("projection kernels %s round activations and weights to bf16 (%s): the exact float32 Q4 "
                         "kernel is %s; --quantization none --dtype float32 computes the reference", inexact,

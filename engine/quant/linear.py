@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedkube.engine.quant.formats import Int4Weight, Int8Weight, QuantizedWeight, dequantize, unpack_int4
-from pagedkube.engine.quant.q4_fused import Q4DequantKernel, Q4FusedKernel
+from pagedkube.engine.quant.q4_fused import Q4DequantKernel, Q4FusedKernel, Q4Int16Kernel
 
 # group sizes tinygemm's CPU int4 kernel accepts (aten/src/ATen/native/cpu/int4mm_kernel.cpp)
 TINYGEMM_GROUP_SIZES = (32, 64, 128, 256)
@@ -101,7 +101,8 @@ class TritonKernel:
         return self.fn(x, self.weight)
 
 
-Kernel = DenseKernel | Int8PackKernel | Int4PackKernel | SplitKernel | TritonKernel | Q4FusedKernel | Q4DequantKernel
+Kernel = (DenseKernel | Int8PackKernel | Int4PackKernel | SplitKernel | TritonKernel | Q4FusedKernel | Q4Int16Kernel
+          | Q4DequantKernel)
 
 
 def cpu_kernel_dtype(dtype: torch.dtype) -> torch.dtype:

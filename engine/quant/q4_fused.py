@@ -158,6 +158,13 @@ class Q4Ops:
             return self.ext.q4_linear(x, qweight, scales, mins)  # type: ignore[union-attr]
         return torch.ops.pagedkube.q4_linear(x, qweight, scales, mins)
 
+    def q4_linear_i16(self, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                      mins: torch.Tensor) -> torch.Tensor:
+        """q4_linear with x rounded to int16 per group of 32 (not exact: see q4_linear.cpp)."""
+        if self._eager():
+            return self.ext.q4_linear_i16(x, qweight, scales, mins)  # type: ignore[union-attr]
+        return torch.ops.pagedkube.q4_linear_i16(x, qweight, scales, mins)
+
     def q4_dequantize(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
         if self._eager():
             return self.ext.q4_dequantize(qweight, scales, mins)  # type: ignore[union-attr]
@@ -193,7 +200,8 @@ class Q4Ops:
 def _registered() -> bool:
     """Whether this process registered the operators already (from any cache's library)."""
     ns = torch.ops.pagedkube
-    return all(hasattr(ns, name) for name in ("q4_linear", "q4_dequantize", "q8_linear", "decode_attention", "store_kv"))
+    return all(hasattr(ns, name) for name in ("q4_linear", "q4_linear_i16", "q4_dequantize", "q8_linear", "decode_attention",
+                                           "store_kv"))
 
 
 def _register(library: Path) -> Q4Ops:
@@ -205,6 +213,10 @@ def _register(library: Path) -> Q4Ops:
         return Q4Ops(ext)
 
     @torch.library.register_fake("pagedkube::q4_linear")
+    def _(x, qweight, scales, mins):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    @torch.library.register_fake("pagedkube::q4_linear_i16")
     def _(x, qweight, scales, mins):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
@@ -299,6 +311,22 @@ class Q4FusedKernel:
 
 
 @dataclass(frozen=True)
+class Q4Int16Kernel:
+    """Q4FusedKernel with x rounded to int16 per group of 32 inside the kernel for decode-sized
+    batches (q4_linear.cpp row_tile_i16: about half the vector work; not exact, the rounding is
+    2^-16 of each group's largest |x|), the exact GEMM from 12 rows on. Same weight, no copy."""
+    weight: Int4Weight
+    ext: Q4Ops
+    name = "q4i16"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dtype == torch.float32:
+            return self.ext.q4_linear_i16(x.contiguous(), w.qweight, w.scales, w.mins)
+        return self.ext.q4_linear_i16(x.float().contiguous(), w.qweight, w.scales, w.mins).to(x.dtype)
+
+
+@dataclass(frozen=True)
 class Q4DequantKernel:
     """W dequantized to float32 for this call only (exact, no copy kept), then torch's float32
     matmul: a candidate for prefill-sized batches, where it beat q4_linear's per-row tiles; since
@@ -314,8 +342,12 @@ class Q4DequantKernel:
         return F.linear(x.float(), self.ext.q4_dequantize(w.qweight, w.scales, w.mins)).to(x.dtype)
 
 
-def q4_fused_kernel(w: Int4Weight, ext: Q4Ops, dequant: bool = False) -> Q4FusedKernel | Q4DequantKernel:
-    """dequant: the per-call dequantize-then-matmul form (Q4DequantKernel)."""
+Q4Kernel = Q4FusedKernel | Q4Int16Kernel | Q4DequantKernel
+Q4_FORMS: dict[str, type[Q4Kernel]] = {"q4fused": Q4FusedKernel, "q4i16": Q4Int16Kernel, "q4deq": Q4DequantKernel}
+
+
+def q4_fused_kernel(w: Int4Weight, ext: Q4Ops, form: str = "q4fused") -> Q4Kernel:
+    """form: a key of Q4_FORMS (the calibration's candidate name without its activations)."""
     assert q4_fits(w), w.group_size
     weight = Int4Weight(w.qweight.contiguous(), w.scales.contiguous(), w.mins.contiguous(), w.group_size)
-    return Q4DequantKernel(weight, ext) if dequant else Q4FusedKernel(weight, ext)
+    return Q4_FORMS[form](weight, ext)

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -91,6 +92,37 @@ inline void row_tile(const uint8_t* q, const float* scales, const float* mins, c
     else
       y[r * y_stride] = hsum(acc[r]) + dot(mins, xsum + r * groups, groups);
   }
+}
+
+// The same sum with x rounded to 16 bits: per group of 32, x ~= xscale * xi, xi int16
+// (quantize_rows_i16), so each group's codes . x is xscale times an integer dot product that
+// vpmaddwd computes exactly, two codes a lane. That takes about half row_tile's vector work per
+// group (no float conversion of every code); the price is x's rounding, at most 2^-16 of the
+// group's largest |x| per element, ~1/40 of the error bf16 activations make (docs/benchmarks.md
+// "Int16 activations"). xi's group holds the x of the even codes, then the odd ones: the low and
+// high nibbles of the group's 16 bytes.
+template <int R>
+inline void row_tile_i16(const uint8_t* q, const float* scales, const float* mins, const int16_t* xi,
+                         const float* xscale, const float* xsum, int64_t k, int64_t groups, float* y,
+                         int64_t y_stride) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + g * (kGroup / 2)));
+    const __m256i even = _mm256_cvtepu8_epi16(_mm_and_si128(b, low4));
+    const __m256i odd = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), low4));
+    const __m256 scale = _mm256_set1_ps(scales[g]);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* xg = xi + r * k + g * kGroup;
+      const __m256i dot32 = _mm256_add_epi32(
+          _mm256_madd_epi16(even, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg))),
+          _mm256_madd_epi16(odd, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xg + 16))));
+      const __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(dot32), _mm256_set1_ps(xscale[r * groups + g]));
+      acc[r] = _mm256_fmadd_ps(part, scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride] = hsum(acc[r]) + dot(mins, xsum + r * groups, groups);
 }
 
 // Many rows: a GEMM. A tile of kTileN outputs is dequantized into a buffer (q * scale + min,
@@ -259,6 +291,54 @@ inline void one_output(const uint8_t* q, const float* scales, const float* mins,
 #endif
 }
 
+// Rows of x as int16 per group of 32 (xi, in row_tile_i16's order: the group's even inputs, then
+// its odd ones), their scales (the group's largest |x| / 32767; xi = round(x / scale)) and x's
+// own float32 group sums (xsum, for the mins' term, exact as in q4_linear).
+void quantize_rows_i16(const float* x, int64_t m_rows, int64_t k, int16_t* xi, float* xscale, float* xsum) {
+  const int64_t groups = m_rows * (k / kGroup);
+  for (int64_t i = 0; i < groups; ++i) {
+    const float* xg = x + i * kGroup;
+    float largest = 0;
+    for (int j = 0; j < kGroup; ++j) largest = std::max(largest, std::abs(xg[j]));
+    const float scale = largest / 32767.0f, inverse = largest > 0 ? 32767.0f / largest : 0.0f;
+    int16_t* out = xi + i * kGroup;
+    for (int j = 0; j < kGroup / 2; ++j) {
+      out[j] = static_cast<int16_t>(std::nearbyint(xg[2 * j] * inverse));
+      out[kGroup / 2 + j] = static_cast<int16_t>(std::nearbyint(xg[2 * j + 1] * inverse));
+    }
+    xscale[i] = scale;
+    xsum[i] = group_sum(xg);
+  }
+}
+
+// Output column n of y for every row of x, from int16 x (quantize_rows_i16).
+inline void one_output_i16(const uint8_t* q, const float* scales, const float* mins, const int16_t* xi,
+                           const float* xscale, const float* xsum, int64_t m_rows, int64_t k, float* y,
+                           int64_t y_stride) {
+  const int64_t groups = k / kGroup;
+#ifdef Q4_AVX2
+  int64_t i = 0;
+  for (; i + 4 <= m_rows; i += 4)
+    row_tile_i16<4>(q, scales, mins, xi + i * k, xscale + i * groups, xsum + i * groups, k, groups,
+                    y + i * y_stride, y_stride);
+  for (; i < m_rows; ++i)
+    row_tile_i16<1>(q, scales, mins, xi + i * k, xscale + i * groups, xsum + i * groups, k, groups,
+                    y + i * y_stride, y_stride);
+#else
+  for (int64_t i = 0; i < m_rows; ++i) {
+    float acc = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int16_t* xg = xi + i * k + g * kGroup;
+      int32_t dot = 0;
+      for (int j = 0; j < kGroup / 2; ++j)
+        dot += int32_t(q[g * kGroup / 2 + j] & 0x0F) * xg[j] + int32_t(q[g * kGroup / 2 + j] >> 4) * xg[kGroup / 2 + j];
+      acc += scales[g] * (float(dot) * xscale[i * groups + g]) + mins[g] * xsum[i * groups + g];
+    }
+    y[i * y_stride] = acc;
+  }
+#endif
+}
+
 }  // namespace
 
 torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
@@ -291,6 +371,37 @@ torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, co
   at::parallel_for(0, n_rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n)
       one_output<false>(qp + n * (k / 2), sp + n * groups, mp + n * groups, xp, xs, m_rows, k, yp + n, n_rows);
+  });
+  return y;
+}
+
+// q4_linear with x rounded to int16 per group of 32 (row_tile_i16): for decode-sized batches.
+// From gemm_rows on, q4_linear's exact GEMM, which decodes each weight once for all the rows.
+torch::Tensor q4_linear_i16(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                            const torch::Tensor& mins) {
+#ifdef Q4_AVX2
+  if (x.dim() == 2 && x.size(0) >= gemm_rows<false>()) return q4_linear(x, qweight, scales, mins);
+#endif
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: float32 [M, K]");
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(),
+              "qweight: uint8 [N, K / 2]");
+  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
+  TORCH_CHECK(k % kGroup == 0 && qweight.size(1) * 2 == k, "K must be a multiple of 32 matching qweight");
+  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == n_rows &&
+                  scales.size(1) == groups && mins.sizes() == scales.sizes() && mins.is_contiguous() &&
+                  mins.scalar_type() == torch::kFloat32, "scales, mins: float32 [N, K / 32]");
+  auto y = torch::empty({m_rows, n_rows}, x.options());
+  std::vector<int16_t> xi(static_cast<size_t>(m_rows * k));
+  std::vector<float> xscale(static_cast<size_t>(m_rows * groups)), xsum(xscale.size());
+  quantize_rows_i16(x.data_ptr<float>(), m_rows, k, xi.data(), xscale.data(), xsum.data());
+  const uint8_t* qp = qweight.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mp = mins.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n_rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n)
+      one_output_i16(qp + n * (k / 2), sp + n * groups, mp + n * groups, xi.data(), xscale.data(), xsum.data(),
+                     m_rows, k, yp + n, n_rows);
   });
   return y;
 }
@@ -363,7 +474,7 @@ bool decode_attention_supported();
 void store_kv(const torch::Tensor& key, const torch::Tensor& value, torch::Tensor k_cache, torch::Tensor v_cache,
               const torch::Tensor& slot_mapping);
 
-// The kernels as torch operators pagedkube::q4_linear, q4_dequantize, q8_linear, decode_attention and store_kv, for
+// The kernels as torch operators pagedkube::q4_linear, q4_linear_i16, q4_dequantize, q8_linear, decode_attention and store_kv, for
 // torch.compile's captured step (engine/decode_capture.py), registered when Python asks
 // (q4_fused._register: once a process, from the first library loaded). Registered here, a
 // call from the compiled step goes through the dispatcher straight to the kernel; as Python
@@ -377,6 +488,7 @@ bool register_ops() {
   if (c10::Dispatcher::singleton().findSchema({"pagedkube::q4_linear", ""}).has_value()) return false;
   ops_def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "pagedkube", std::nullopt, __FILE__, __LINE__);
   ops_def->def("q4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
+  ops_def->def("q4_linear_i16(Tensor x, Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
   ops_def->def("q4_dequantize(Tensor qweight, Tensor scales, Tensor mins) -> Tensor");
   ops_def->def("q8_linear(Tensor x, Tensor qweight, Tensor scales) -> Tensor");
   ops_def->def("decode_attention(Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
@@ -385,6 +497,7 @@ bool register_ops() {
   ops_cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "pagedkube", c10::DispatchKey::CPU, __FILE__,
                                              __LINE__);
   ops_cpu->impl("q4_linear", TORCH_FN(q4_linear));
+  ops_cpu->impl("q4_linear_i16", TORCH_FN(q4_linear_i16));
   ops_cpu->impl("q4_dequantize", TORCH_FN(q4_dequantize));
   ops_cpu->impl("q8_linear", TORCH_FN(q8_linear));
   ops_cpu->impl("decode_attention", TORCH_FN(decode_attention));
@@ -400,4 +513,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_kv", &store_kv, "K/V rows into the paged caches at their slots (engine/attention/cpu_attention.cpp)");
   m.def("decode_attention_supported", &decode_attention_supported, "built with AVX2/FMA/F16C");
   m.def("q4_linear", &q4_linear, "y = x W^T, W 4-bit with float32 scale and min per 32 inputs (float32)");
+  m.def("q4_linear_i16", &q4_linear_i16, "q4_linear with x rounded to int16 per 32 inputs, for few rows");
 }

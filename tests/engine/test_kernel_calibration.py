@@ -66,9 +66,10 @@ def test_candidates_follow_the_activation_dtype_and_what_the_kernel_takes():
     # with our fused Q4 kernel built, float32 activations time exact candidates only, less
     # tinygemm's float32 form (10-20x our kernels)
     fused = object()
-    assert calibrate.candidates_for(QKV, torch.float32, fused) == ("q4fused-f32", "q4deq-f32", "dense-f32")
+    assert calibrate.candidates_for(QKV, torch.float32, fused) == ("q4fused-f32", "q4i16-f32", "q4deq-f32",
+                                                                  "dense-f32")
     assert calibrate.candidates_for(Shape("int4", 100, 576, 32), torch.float32, fused) == (
-        "q4fused-f32", "q4deq-f32", "dense-f32")
+        "q4fused-f32", "q4i16-f32", "q4deq-f32", "dense-f32")
     assert calibrate.candidates_for(QKV, torch.bfloat16, fused) == ("int4-bf16", "dense-bf16")
     assert calibrate.candidates_for(Shape("int8", 960, 576, 32), torch.float32, fused) == ("dense-bf16", "dense-f32")
 
@@ -80,13 +81,20 @@ def test_bf16_kernels_are_chosen_only_with_a_warning_that_says_the_cost(tmp_path
     assert len(warnings) == 1 and "['dense-bf16', 'int4-bf16']" in warnings[0]
     assert calibrate.BF16_FIDELITY in warnings[0]
     caplog.clear()
-    exact = {QKV: {"q4fused-f32": (40e-6, 6e-3, 120), "q4deq-f32": (140e-6, 5e-4, 120),
+    exact = {QKV: {"q4fused-f32": (40e-6, 6e-3, 120), "q4i16-f32": (50e-6, 6e-3, 120), "q4deq-f32": (140e-6, 5e-4, 120),
                    "int4-f32": (900e-6, 9e-3, 120), "dense-f32": (30e-6, 4e-4, 800)}}
     with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.calibrate"):
         cal = KernelCalibration({QKV: 30}, torch.float32, 6_000, tmp_path,
                                 lambda shape, names, dtype: {c: Timing(*exact[shape][c]) for c in names}, object())
-    # one copy of the weight serves both of our kernels: the prefill one costs no budget
+    # one copy of the weight serves all of our kernels: the prefill one costs no budget
     assert cal.choices == {QKV: Choice("q4fused-f32", "q4deq-f32")} and cal.used == 30 * 120
+    assert not caplog.records
+    # the near-exact int16 kernel where it is faster, with no warning: it rounds to 16 bits, not bf16
+    exact[QKV]["q4i16-f32"] = (25e-6, 6e-3, 120)
+    with caplog.at_level(logging.WARNING, logger="pagedkube.engine.quant.calibrate"):
+        cal = KernelCalibration({QKV: 30}, torch.float32, 6_000, tmp_path / "again",
+                                lambda shape, names, dtype: {c: Timing(*exact[shape][c]) for c in names}, object())
+    assert cal.choices == {QKV: Choice("q4i16-f32", "q4deq-f32")} and cal.used == 30 * 120
     assert not caplog.records
 
 
@@ -209,9 +217,9 @@ def test_auto_calibrates_with_and_without_the_exact_kernel(cache_dir, monkeypatc
     assert all(k.split("|")[3] == "float32" for k in entries)
     candidates = {c for k in entries for c in k.split("|")[5].split(",")}
     if built:
-        assert candidates <= calibrate.EXACT and not warned
-        assert _kernels(runner) <= {"Q4FusedKernel", "Q4DequantKernel", "Int4PackKernel", "DenseKernel",
-                                    "SplitKernel"}
+        assert candidates <= calibrate.EXACT | calibrate.NEAR_EXACT and not warned
+        assert _kernels(runner) <= {"Q4FusedKernel", "Q4Int16Kernel", "Q4DequantKernel", "Int4PackKernel",
+                                    "DenseKernel", "SplitKernel"}
         from pagedkube.engine.quant.packed_vocab import PackedEmbedding, PackedLMHead   # the file's Q8_0
         assert isinstance(runner.model.lm_head, PackedLMHead)
         assert isinstance(runner.model.model.embed_tokens, PackedEmbedding)

@@ -51,7 +51,7 @@ def test_the_kernels_compute_the_reference_for_each_gguf_4bit_type(ext, kind, n)
     w = _gguf_weight(kind, n, 512)
     ref_w = dequantize(w)
     assert torch.equal(ext.q4_dequantize(w.qweight, w.scales, w.mins), ref_w)
-    fused, dequant = q4_fused.q4_fused_kernel(w, ext), q4_fused.q4_fused_kernel(w, ext, dequant=True)
+    fused, dequant = q4_fused.q4_fused_kernel(w, ext), q4_fused.q4_fused_kernel(w, ext, form="q4deq")
     for rows in (*range(1, 18), 33, 64):
         x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
         expected = x.double() @ ref_w.double().T
@@ -60,6 +60,42 @@ def test_the_kernels_compute_the_reference_for_each_gguf_4bit_type(ext, kind, n)
             assert y.dtype == torch.float32 and y.shape == (rows, n)
             # float32 sums of 512 products: a few units of float32 rounding, never bf16's 2^-9
             assert float((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5, (kernel.name, rows)
+
+
+def _int16_reference(w: Int4Weight, x: torch.Tensor) -> torch.Tensor:
+    """q4_linear_i16's documented numbers, in float64 after float32 rounding steps as the kernel
+    takes them: per group of 32, xi = round(x * (32767 / m)) and s = m / 32767 (m the group's
+    largest |x|), codes . xi exactly, times s; the mins' term on x itself."""
+    n, k = w.shape
+    groups = x.reshape(x.shape[0], k // 32, 32)
+    largest = groups.abs().amax(dim=2, keepdim=True)
+    # 32767 / m correctly rounded to float32, as C++ divides (torch's float32 division need not be)
+    inverse = torch.where(largest > 0, (32767 / torch.where(largest > 0, largest, 1).double()).float(), 0)
+    rounded = torch.round(groups * inverse).double() * (largest / 32767).double()
+    groups = groups.double()
+    codes = dequantize(Int4Weight(w.qweight, torch.ones_like(w.scales), torch.zeros_like(w.mins), 32)).double()
+    codes = codes.reshape(n, k // 32, 32)
+    dots = torch.einsum("mgj,ngj->mng", rounded, codes)                   # codes . rounded x, per group
+    return (dots * w.scales.double()).sum(-1) + groups.sum(-1) @ w.mins.double().T
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_the_int16_kernel_computes_its_rounding_and_the_exact_gemm_from_12_rows(ext, kind):
+    w = _gguf_weight(kind, 100, 512)
+    int16, fused = q4_fused.q4_fused_kernel(w, ext, form="q4i16"), q4_fused.q4_fused_kernel(w, ext)
+    for rows in (*range(1, 14), 33):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+        x[0, :32] = 0                                       # a group of zeros: scale 0, no division by it
+        y = int16(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, 100)
+        if rows >= 12:                                      # q4_linear's GEMM, exact
+            assert torch.equal(y, fused(x)), rows
+            continue
+        expected = _int16_reference(w, x)
+        assert float((y.double() - expected).abs().max() / expected.abs().max()) < 1e-5, rows
+        exact = x.double() @ dequantize(w).double().T
+        error = float((y.double() - exact).norm() / exact.norm())
+        assert 1e-7 < error < 1e-3, (rows, error)          # rounded, and far under bf16's ~2e-3
 
 
 def test_fused_kernel_matches_float32_matmul_closer_than_torch_int4(ext):
