@@ -7,7 +7,9 @@
 // Per sequence b and KV head h, for the G query heads that share it (grouped-query attention):
 //   s[g, t] = scale * q[g] . k[t]    for t < seq_len[b]
 //   out[g]  = sum_t e^(s[g, t] - max_t s[g, t]) v[t] / sum_t e^(s[g, t] - max_t s[g, t])
-// torch's numbers up to float32 summation order and the exponential's last bits.
+// torch's numbers up to float32 summation order and the exponential's last bits. With fewer
+// (b, h) pairs than twice the threads, each pair's context is split into parts whose sums are
+// merged by their largest scores (context_parts).
 //
 // Built into the same library as the Q4 kernels (engine/quant/q4_fused.py builds both sources;
 // q4_linear.cpp registers the operator pagedkube::decode_attention and binds it for eager calls).
@@ -58,11 +60,12 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
-// s[g][t] = scale * q[g] . k[t] for NG heads (q: [NG][D]), the context's rows through the table.
+// s[g][t - t0] = scale * q[g] . k[t] for NG heads (q: [NG][D]) and positions [t0, t1), the
+// context's rows through the table.
 template <int NG, typename T>
-void scores(const float* q, const T* cache, const int64_t* table, int64_t len, int64_t block_size,
+void scores(const float* q, const T* cache, const int64_t* table, int64_t t0, int64_t t1, int64_t block_size,
             int64_t token_stride, int64_t d, float scale, float* s, int64_t s_stride) {
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const T* k = cache + (table[t / block_size] * block_size + t % block_size) * token_stride;
     __m256 acc[NG];
     for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
@@ -70,14 +73,15 @@ void scores(const float* q, const T* cache, const int64_t* table, int64_t len, i
       const __m256 kv = load8(k + i);
       for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + i), kv, acc[g]);
     }
-    for (int g = 0; g < NG; ++g) s[g * s_stride + t] = scale * hsum(acc[g]);
+    for (int g = 0; g < NG; ++g) s[g * s_stride + t - t0] = scale * hsum(acc[g]);
   }
 }
 
-// p[t] = e^(s[t] - max s) in place; returns sum_t p[t].
-float softmax_terms(float* s, int64_t len) {
+// p[t] = e^(s[t] - max s) in place; returns sum_t p[t], and max s in *top_out.
+float softmax_terms(float* s, int64_t len, float* top_out) {
   float top = -INFINITY;
   for (int64_t t = 0; t < len; ++t) top = std::max(top, s[t]);
+  *top_out = top;
   const __m256 m = _mm256_set1_ps(top);
   __m256 sum = _mm256_setzero_ps();
   int64_t t = 0;
@@ -94,18 +98,19 @@ float softmax_terms(float* s, int64_t len) {
   return total;
 }
 
-// out[g][i0 .. i0 + 8C) = sum_t p[g][t] v[t][i0 ..] for NG heads: NG x C accumulators in registers.
+// out[g][i0 .. i0 + 8C) = sum_t p[g][t - t0] v[t][i0 ..] over [t0, t1) for NG heads: NG x C
+// accumulators in registers.
 template <int NG, int C, typename T>
-void weighted_sum(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t len,
+void weighted_sum(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t t0, int64_t t1,
                   int64_t block_size, int64_t token_stride, int64_t i0, float* out, int64_t d) {
   __m256 acc[NG * C];
   for (int j = 0; j < NG * C; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < len; ++t) {
+  for (int64_t t = t0; t < t1; ++t) {
     const T* v = cache + (table[t / block_size] * block_size + t % block_size) * token_stride + i0;
     __m256 vv[C];
     for (int c = 0; c < C; ++c) vv[c] = load8(v + 8 * c);
     for (int g = 0; g < NG; ++g) {
-      const __m256 w = _mm256_set1_ps(p[g * p_stride + t]);
+      const __m256 w = _mm256_set1_ps(p[g * p_stride + t - t0]);
       for (int c = 0; c < C; ++c) acc[g * C + c] = _mm256_fmadd_ps(w, vv[c], acc[g * C + c]);
     }
   }
@@ -114,30 +119,46 @@ void weighted_sum(const float* p, int64_t p_stride, const T* cache, const int64_
 }
 
 template <int NG, typename T>
-void weighted_sums(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t len,
+void weighted_sums(const float* p, int64_t p_stride, const T* cache, const int64_t* table, int64_t t0, int64_t t1,
                    int64_t block_size, int64_t token_stride, float* out, int64_t d) {
   for (int64_t i0 = 0; i0 < d; i0 += 32) {
     switch (std::min<int64_t>(4, (d - i0) / 8)) {
-      case 4: weighted_sum<NG, 4>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
-      case 3: weighted_sum<NG, 3>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
-      case 2: weighted_sum<NG, 2>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
-      default: weighted_sum<NG, 1>(p, p_stride, cache, table, len, block_size, token_stride, i0, out, d); break;
+      case 4: weighted_sum<NG, 4>(p, p_stride, cache, table, t0, t1, block_size, token_stride, i0, out, d); break;
+      case 3: weighted_sum<NG, 3>(p, p_stride, cache, table, t0, t1, block_size, token_stride, i0, out, d); break;
+      case 2: weighted_sum<NG, 2>(p, p_stride, cache, table, t0, t1, block_size, token_stride, i0, out, d); break;
+      default: weighted_sum<NG, 1>(p, p_stride, cache, table, t0, t1, block_size, token_stride, i0, out, d); break;
     }
   }
 }
 
-// Heads [g0, g0 + NG) of one (sequence, KV head): scores, softmax, weighted sum, normalized.
+inline void scale_row(float* out, int64_t d, float factor) {
+  const __m256 f = _mm256_set1_ps(factor);
+  for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), f));
+}
+
+// Heads [g0, g0 + NG) of one (sequence, KV head) over positions [t0, t1) (t1 > t0): scores,
+// softmax terms, their weighted sum of V left unnormalized in out; each head's largest score
+// and sum of terms in tops[g] and totals[g].
 template <int NG, typename T>
-void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t len,
-            int64_t block_size, int64_t token_stride, int64_t d, float scale, float* s, float* out) {
-  scores<NG>(q, k_cache, table, len, block_size, token_stride, d, scale, s, len);
-  float totals[NG];
-  for (int g = 0; g < NG; ++g) totals[g] = softmax_terms(s + g * len, len);
-  weighted_sums<NG>(s, len, v_cache, table, len, block_size, token_stride, out, d);
-  for (int g = 0; g < NG; ++g) {
-    const __m256 inv = _mm256_set1_ps(1.0f / totals[g]);
-    for (int64_t i = 0; i < d; i += 8) _mm256_storeu_ps(out + g * d + i, _mm256_mul_ps(_mm256_loadu_ps(out + g * d + i), inv));
-  }
+void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* table, int64_t t0, int64_t t1,
+            int64_t block_size, int64_t token_stride, int64_t d, float scale, float* s, float* out, float* tops,
+            float* totals) {
+  const int64_t len = t1 - t0;
+  scores<NG>(q, k_cache, table, t0, t1, block_size, token_stride, d, scale, s, len);
+  for (int g = 0; g < NG; ++g) totals[g] = softmax_terms(s + g * len, len, tops + g);
+  weighted_sums<NG>(s, len, v_cache, table, t0, t1, block_size, token_stride, out, d);
+}
+
+// How many parts each (sequence, KV head) pair's context is split into: one, unless the pairs
+// are too few to keep every thread busy (one sequence on the default model is 3 pairs: on two
+// threads, one thread did two and the other one). Parts are merged by their softmax statistics
+// (flash-decoding); none shorter than kMinPart positions.
+constexpr int64_t kMinPart = 64;
+int64_t context_parts(int64_t pairs, int64_t longest) {
+  const int64_t threads = at::get_num_threads();
+  if (threads <= 1 || pairs >= 2 * threads) return 1;
+  const int64_t wanted = (2 * threads + pairs - 1) / pairs;
+  return std::max<int64_t>(1, std::min(wanted, longest / kMinPart));
 }
 
 template <typename T>
@@ -152,24 +173,68 @@ void decode_attention_impl(const torch::Tensor& query, const torch::Tensor& k_ca
   const int64_t* tp = tables.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, num_seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t longest = num_seqs > 0 ? *std::max_element(lp, lp + num_seqs) : 0;
+  const int64_t parts = context_parts(num_seqs * kv_heads, longest);
+  // Per item (sequence, KV head, part) and query head of the group: largest score and sum of terms;
+  // with parts, each part's unnormalized output too (without, it is written in place).
+  const int64_t items = num_seqs * kv_heads * parts;
+  std::vector<float> tops(static_cast<size_t>(items * group)), totals(tops.size());
+  std::vector<float> partial(parts > 1 ? static_cast<size_t>(items * group * d) : 0);
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, h = item % kv_heads, len = lp[b];
-      s.resize(static_cast<size_t>(3 * std::max<int64_t>(len, 1)));
+      const int64_t pair = item / parts, part = item % parts, b = pair / kv_heads, h = pair % kv_heads;
+      const int64_t chunk = (lp[b] + parts - 1) / parts;
+      const int64_t t0 = std::min(lp[b], part * chunk), t1 = std::min(lp[b], t0 + chunk);
+      s.resize(static_cast<size_t>(3 * std::max<int64_t>(t1 - t0, 1)));
       for (int64_t g0 = 0; g0 < group; g0 += 3) {
-        const int64_t head = h * group + g0;
+        const int64_t head = h * group + g0, stat = item * group + g0;
         const float* q = qp + (b * q_heads + head) * d;
-        float* o = op + (b * q_heads + head) * d;
+        float* o = parts > 1 ? partial.data() + stat * d : op + (b * q_heads + head) * d;
+        const int64_t ng = std::min<int64_t>(3, group - g0);
+        if (t1 <= t0) {                 // a part past a short sequence's end: weighs nothing
+          std::fill(o, o + ng * d, 0.0f);
+          std::fill(tops.data() + stat, tops.data() + stat + ng, -INFINITY);
+          std::fill(totals.data() + stat, totals.data() + stat + ng, 0.0f);
+          continue;
+        }
         const T* k = kp + h * d;
         const T* v = vp + h * d;
         const int64_t* table = tp + b * width;
-        switch (std::min<int64_t>(3, group - g0)) {
-          case 3: attend<3>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
-          case 2: attend<2>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
-          default: attend<1>(q, k, v, table, len, block_size, token_stride, d, float(scale), s.data(), o); break;
+        float* top = tops.data() + stat;
+        float* total = totals.data() + stat;
+        switch (ng) {
+          case 3: attend<3>(q, k, v, table, t0, t1, block_size, token_stride, d, float(scale), s.data(), o, top, total); break;
+          case 2: attend<2>(q, k, v, table, t0, t1, block_size, token_stride, d, float(scale), s.data(), o, top, total); break;
+          default: attend<1>(q, k, v, table, t0, t1, block_size, token_stride, d, float(scale), s.data(), o, top, total); break;
         }
+        if (parts == 1)
+          for (int64_t g = 0; g < ng; ++g) scale_row(o + g * d, d, 1.0f / total[g]);
       }
+    }
+  });
+  if (parts == 1) return;
+  // out = sum_p e^(top_p - top) partial_p / sum_p e^(top_p - top) total_p, top = max_p top_p
+  at::parallel_for(0, num_seqs * q_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = row / q_heads, head = row % q_heads, h = head / group, g = head % group;
+      const int64_t first = ((b * kv_heads + h) * parts) * group + g;      // part p: first + p * group
+      float top = -INFINITY;
+      for (int64_t p = 0; p < parts; ++p) top = std::max(top, tops[first + p * group]);
+      float* o = op + row * d;
+      std::fill(o, o + d, 0.0f);
+      float total = 0;
+      for (int64_t p = 0; p < parts; ++p) {
+        const int64_t stat = first + p * group;
+        if (totals[stat] == 0.0f) continue;
+        const float w = std::exp(tops[stat] - top);
+        total += w * totals[stat];
+        const __m256 wv = _mm256_set1_ps(w);
+        const float* src = partial.data() + stat * d;
+        for (int64_t i = 0; i < d; i += 8)
+          _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(src + i), _mm256_loadu_ps(o + i)));
+      }
+      scale_row(o, d, 1.0f / total);
     }
   });
 }

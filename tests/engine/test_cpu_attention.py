@@ -79,6 +79,25 @@ def test_kernel_computes_the_reference(ops, dtype, heads, head_dim):
     assert float((got.double() - expected).abs().max() / expected.abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("threads", [2, 4])
+@pytest.mark.parametrize(("heads", "seq_lens"), [((9, 3), [1]), ((9, 3), [63]), ((9, 3), [129]), ((9, 3), [1000]),
+                                                 ((9, 3), [2048]), ((4, 4), [700]), ((14, 2), [5, 1000]),
+                                                 ((8, 1), [200, 64, 3]), ((8, 1), [300, 1])])
+def test_few_sequences_split_their_context_and_merge_to_the_reference(ops, threads, heads, seq_lens):
+    """Fewer (sequence, KV head) pairs than twice the threads: each context is split into parts
+    (at least 64 positions each; a short sequence's later parts are empty) merged by their
+    softmax statistics. The result is the whole context's attention, to float32 accuracy."""
+    query, k, v, tables, lens = _pool(torch.float16, seq_lens, heads, 64, seed=len(seq_lens))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = ops.decode_attention(query, k, v, tables, lens, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    expected = _reference(query, k, v, tables, lens, 0.125)
+    assert float((got.double() - expected).abs().max() / expected.abs().max()) < 2e-6
+
+
 def test_bad_lengths_and_tables_are_errors(ops):
     query, k, v, tables, lens = _pool(torch.float16, [20, 40], (9, 3), 64)
     width = tables.shape[1] * k.shape[1]
