@@ -61,6 +61,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_CPU_WIDTH = 2   # Dynamo specialises a dimension of size 0 or 1; padding to 2 keeps the width symbolic
+# Inductor's CPU code at 8 float lanes (AVX2's width) on every x86 CPU. On an AVX-512 one it
+# otherwise wrote the int8 embedding's lookup fused with the first RMSNorm as loops of 8 floats
+# whose stores were 16 wide (at::vec::Vectorized<float> under AVX-512): 32 bytes past the end of
+# the hidden-state buffer, every step. The heap corruption that followed aborted engines with
+# malloc errors (docs/benchmarks.md "Int16 activations"). Our kernels do the heavy work, so the
+# narrower vectors cost the fused elementwise loops little.
+CPU_SIMD_LANES = 8
 
 
 @dataclass
@@ -293,16 +300,41 @@ class CompiledDecode:
     compiled; docs/benchmarks.md), and passed with them on."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
-        # Dynamo keeps compiled graphs per code object, and without guards on the model two engines
-        # in one process would share (and overwrite) them: each engine compiles its own copy of the code.
-        fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__, "decode_forward")
-        self.fn = torch.compile(fresh, fullgraph=True, dynamic=False,
-                                options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.args = (model, kv_caches, max_seq_len)
+        self.fns: dict[int, Callable[..., torch.Tensor]] = {}
+        _pin_module_calls(model)
+
+    def _fn(self, bucket: int) -> Callable[..., torch.Tensor]:
+        # Dynamo keeps compiled graphs per code object. Each bucket gets its own copy of the code,
+        # so the compile thread adding bucket 8's graph never touches the cache the engine's
+        # thread is reading to run bucket 1's (a shared one aborted the process with malloc
+        # errors, docs/benchmarks.md); and two engines in one process, without guards on the
+        # model, never share (and overwrite) each other's graphs.
+        if bucket not in self.fns:
+            fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__,
+                                       f"decode_forward_{bucket}")
+            self.fns[bucket] = torch.compile(
+                fresh, fullgraph=True, dynamic=False,
+                options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+                         "cpp.simdlen": CPU_SIMD_LANES})
+        return self.fns[bucket]
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
         torch._dynamo.maybe_mark_dynamic(inputs.block_tables, 1)
-        return self.fn(*self.args, inputs)
+        return self._fn(inputs.input_ids.shape[0])(*self.args, inputs)
+
+
+def _pin_module_calls(model: torch.nn.Module) -> None:
+    """Gives each module class of the model its own `__call__`, torch.nn.Module's (the same
+    function, so Dynamo sees no difference). While the compile thread traces a bucket, torch's
+    FX tracer replaces torch.nn.Module.__call__ process-wide with a wrapper that records module
+    calls into its graph; an eager step on the engine's thread then went through that wrapper
+    and failed ("module is not installed as a submodule", docs/benchmarks.md). A class's own
+    attribute is found before the patched base one."""
+    call = torch.nn.Module._wrapped_call_impl        # what torch.nn.Module.__call__ is, unpatched
+    for cls in {type(m) for m in model.modules()}:
+        if "__call__" not in vars(cls):
+            cls.__call__ = call  # type: ignore[method-assign]
 
 
 class CudaGraphs:

@@ -223,6 +223,37 @@ def test_a_script_that_exits_while_the_buckets_compile_exits_cleanly_with_its_ow
     assert "terminate called" not in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+def test_inductor_writes_8_lane_cpu_code(monkeypatch):
+    """On an AVX-512 CPU Inductor wrote the int8 embedding's lookup, fused with the first norm,
+    as loops of 8 floats with 16-wide stores: 32 bytes past the hidden state's buffer every step,
+    and the default model's engine aborted with malloc errors ("corrupted size vs. prev_size")
+    a few requests in. Every bucket is compiled at AVX2's 8 lanes (decode_capture.CPU_SIMD_LANES)."""
+    from pagedkube.engine import decode_capture
+    seen = []
+    monkeypatch.setattr(decode_capture.torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
+    compiled = decode_capture.CompiledDecode(torch.nn.Linear(2, 2), [], 16)
+    for bucket in (1, 8):
+        compiled._fn(bucket)
+    assert [o["cpp.simdlen"] for o in seen] == [8, 8] and decode_capture.CPU_SIMD_LANES == 8
+    assert len(compiled.fns) == 2                          # a code object (a Dynamo cache) per bucket
+    assert compiled.fns[1].__code__ is not compiled.fns[8].__code__
+
+
+def test_eager_steps_ignore_the_fx_tracers_module_call_patch(monkeypatch):
+    """While the compile thread traces a bucket, torch's FX tracer replaces torch.nn.Module.__call__
+    process-wide; an eager step on the engine's thread went through it and failed ("module is not
+    installed as a submodule"). The model's classes call torch's own implementation."""
+    from pagedkube.engine import decode_capture
+    from pagedkube.engine.layers.rms_norm import RMSNorm
+    norm = RMSNorm(4, 1e-6)
+    decode_capture.CompiledDecode(norm, [], 16)
+
+    def traced(self, *args, **kwargs):
+        raise NameError("module is not installed as a submodule")
+    monkeypatch.setattr(torch.nn.Module, "__call__", traced)
+    assert torch.allclose(norm(torch.ones(1, 4)), torch.ones(1, 4), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_default_model_captured_agrees_with_eager(monkeypatch):
     """The default model under the default settings (float32, the exact Q4 kernel, capture auto:
