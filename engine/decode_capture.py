@@ -291,13 +291,13 @@ def _yielding_to_the_engine() -> Iterator[None]:
 
 class CompiledDecode:
     """CPU: torch.compile of the whole decode forward; one graph per bucket (the batch dimension
-    is static), the block-table width dynamic. Guards on nn.Module attributes are dropped
-    (guard_filter_fn): the model does not change after load, and checking its ~300 parameters and
-    submodules on every call cost ~2 ms of a ~15 ms step (measured, docs/benchmarks.md); guards
-    on the input tensors' shapes stay, and they pick the bucket's graph. Inductor's size and
-    alignment asserts stay on: turned off (1% of a one-client step) the compiled program
-    corrupted the heap on an AVX-512 CPU at max_model_len 2048 (malloc aborts while the buckets
-    compiled; docs/benchmarks.md), and passed with them on."""
+    is static, each bucket its own copy of the code), the block-table width dynamic. Guards on
+    nn.Module attributes are dropped (guard_filter_fn): the model does not change after load, and
+    checking its ~300 parameters and submodules on every call cost ~2 ms of a ~15 ms step
+    (measured, docs/benchmarks.md); guards on the input tensors' shapes stay. Inductor's size and
+    alignment asserts stay on. With them off, an AVX-512 CPU's compiled step aborted with malloc
+    errors; the cause found since is Inductor's 16-wide stores (CPU_SIMD_LANES), so the asserts
+    may not have been the fix, but turning them off saves only 1%."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
         self.args = (model, kv_caches, max_seq_len)
