@@ -307,9 +307,9 @@ class CompiledDecode:
     def _fn(self, bucket: int) -> Callable[..., torch.Tensor]:
         # Dynamo keeps compiled graphs per code object. Each bucket gets its own copy of the code,
         # so the compile thread adding bucket 8's graph never touches the cache the engine's
-        # thread is reading to run bucket 1's (a shared one aborted the process with malloc
-        # errors, docs/benchmarks.md); and two engines in one process, without guards on the
-        # model, never share (and overwrite) each other's graphs.
+        # thread is reading to run bucket 1's (CPython lets the two threads interleave there);
+        # and two engines in one process, without guards on the model, never share (and
+        # overwrite) each other's graphs.
         if bucket not in self.fns:
             fresh = types.FunctionType(decode_forward.__code__.replace(), decode_forward.__globals__,
                                        f"decode_forward_{bucket}")

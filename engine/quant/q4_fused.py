@@ -304,26 +304,25 @@ class Q4FusedKernel:
     name = "q4fused"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
         if x.dtype == torch.float32:              # the default: no cast calls around the kernel
-            return self.ext.q4_linear(x.contiguous(), w.qweight, w.scales, w.mins)
-        return self.ext.q4_linear(x.float().contiguous(), w.qweight, w.scales, w.mins).to(x.dtype)
+            return self._linear(x.contiguous())
+        return self._linear(x.float().contiguous()).to(x.dtype)
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return self.ext.q4_linear(x, w.qweight, w.scales, w.mins)
 
 
 @dataclass(frozen=True)
-class Q4Int16Kernel:
+class Q4Int16Kernel(Q4FusedKernel):
     """Q4FusedKernel with x rounded to int16 per group of 32 inside the kernel for decode-sized
     batches (q4_linear.cpp row_tile_i16: about half the vector work; not exact, the rounding is
     2^-16 of each group's largest |x|), the exact GEMM from 12 rows on. Same weight, no copy."""
-    weight: Int4Weight
-    ext: Q4Ops
     name = "q4i16"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if x.dtype == torch.float32:
-            return self.ext.q4_linear_i16(x.contiguous(), w.qweight, w.scales, w.mins)
-        return self.ext.q4_linear_i16(x.float().contiguous(), w.qweight, w.scales, w.mins).to(x.dtype)
+        return self.ext.q4_linear_i16(x, w.qweight, w.scales, w.mins)
 
 
 @dataclass(frozen=True)

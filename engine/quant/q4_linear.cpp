@@ -339,18 +339,26 @@ inline void one_output_i16(const uint8_t* q, const float* scales, const float* m
 #endif
 }
 
-}  // namespace
-
-torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
-                        const torch::Tensor& mins) {
+// The Q4 operators' arguments: x float32 [M, K], qweight uint8 [N, K / 2], scales and mins
+// float32 [N, K / 32], all contiguous.
+void check_q4_args(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                   const torch::Tensor& mins) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: float32 [M, K]");
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(),
               "qweight: uint8 [N, K / 2]");
-  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
+  const int64_t k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
   TORCH_CHECK(k % kGroup == 0 && qweight.size(1) * 2 == k, "K must be a multiple of 32 matching qweight");
   TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == n_rows &&
                   scales.size(1) == groups && mins.sizes() == scales.sizes() && mins.is_contiguous() &&
                   mins.scalar_type() == torch::kFloat32, "scales, mins: float32 [N, K / 32]");
+}
+
+}  // namespace
+
+torch::Tensor q4_linear(const torch::Tensor& x, const torch::Tensor& qweight, const torch::Tensor& scales,
+                        const torch::Tensor& mins) {
+  check_q4_args(x, qweight, scales, mins);
+  const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
   auto y = torch::empty({m_rows, n_rows}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* qp = qweight.data_ptr<uint8_t>();
@@ -382,14 +390,8 @@ torch::Tensor q4_linear_i16(const torch::Tensor& x, const torch::Tensor& qweight
 #ifdef Q4_AVX2
   if (x.dim() == 2 && x.size(0) >= gemm_rows<false>()) return q4_linear(x, qweight, scales, mins);
 #endif
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: float32 [M, K]");
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == torch::kUInt8 && qweight.is_contiguous(),
-              "qweight: uint8 [N, K / 2]");
+  check_q4_args(x, qweight, scales, mins);
   const int64_t m_rows = x.size(0), k = x.size(1), n_rows = qweight.size(0), groups = k / kGroup;
-  TORCH_CHECK(k % kGroup == 0 && qweight.size(1) * 2 == k, "K must be a multiple of 32 matching qweight");
-  TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.size(0) == n_rows &&
-                  scales.size(1) == groups && mins.sizes() == scales.sizes() && mins.is_contiguous() &&
-                  mins.scalar_type() == torch::kFloat32, "scales, mins: float32 [N, K / 32]");
   auto y = torch::empty({m_rows, n_rows}, x.options());
   std::vector<int16_t> xi(static_cast<size_t>(m_rows * k));
   std::vector<float> xscale(static_cast<size_t>(m_rows * groups)), xsum(xscale.size());
