@@ -11,6 +11,8 @@ each, per round; the step time is the median engine step of the round's decode. 
     torch-write    the cache write through torch_backend's operator, not our store_kv
     exact-q4       projections only from exact kernels: the int16-activation Q4 kernel (q4i16)
                    left out of the calibration's candidates
+    scalar         Inductor's elementwise code without vectors (`cpp.simdlen` 8, a width in bits
+                   no ISA has: what the engine ran on 2026-12-04 by mistake, meaning 8 lanes)
     cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
                    not from a generated Python function
 
@@ -38,6 +40,7 @@ def variant(name: str):
     import pagedkube.engine.decode_capture as capture
     import pagedkube.engine.quant.calibrate as calibrate
     compile_, backend, near_exact = torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT
+    simd_bits = capture.CPU_SIMD_BITS
     if name == "no-asserts":
         def compile_without_asserts(fn, **kw):
             options = {**kw.pop("options", {}), "size_asserts": False, "alignment_asserts": False}
@@ -45,6 +48,8 @@ def variant(name: str):
         capture.torch.compile = compile_without_asserts
     elif name == "exact-q4":
         calibrate.NEAR_EXACT = frozenset()
+    elif name == "scalar":
+        capture.CPU_SIMD_BITS = 8
     elif name == "cpp-wrapper":
         def compile_with_cpp_wrapper(fn, **kw):
             return compile_(fn, options={**kw.pop("options", {}), "cpp_wrapper": True}, **kw)
@@ -60,6 +65,7 @@ def variant(name: str):
         yield
     finally:
         capture.torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT = compile_, backend, near_exact
+        capture.CPU_SIMD_BITS = simd_bits
 
 
 def main() -> None:

@@ -5,14 +5,15 @@ it is no peer for a batching server. `llama-server` batches continuously over `-
 builds from the llama.cpp sources that llama-cpp-python's sdist vendors (the same pin the older
 bench used, so both read the same file with the same kernels):
 
-    .venv/bin/python bench/llama_server.py build [native|avx2]   # 15-36 min on 2 cores, once per ISA;
+    .venv/bin/python bench/llama_server.py build [native|avx2|avx512]   # 15-36 min on 2 cores, once per ISA;
                                                                  # prints the binary's path
 
 The build turns off what needs the network or is not served (the prebuilt web UI, OpenSSL,
 tests, examples) and compiles for this CPU (GGML_NATIVE), or with `avx2` for the AVX2 class
-(AVX2/FMA/F16C, no AVX-512: the peer of torch forced to AVX2, bench/cpu_peers.py --isa avx2).
+(AVX2/FMA/F16C, no AVX-512: the peer of torch forced to AVX2, bench/cpu_peers.py --isa avx2), or
+with `avx512` for the AVX-512 class without AMX (bench/cpu_peers.py --isa avx512: torch unforced).
 The binary and its shared libraries land in ~/.cache/pagedkube/llama-server/<version>-<cpu flags
-hash or avx2>/ (a folder per CPU class: a native build is not portable). Never in CI.
+hash, avx2 or avx512>/ (a folder per CPU class: a native build is not portable). Never in CI.
 """
 from __future__ import annotations
 
@@ -30,12 +31,16 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "page
 CMAKE_FLAGS = ["-DLLAMA_BUILD_SERVER=ON", "-DCMAKE_BUILD_TYPE=Release",
                "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
-# The kernels' instruction set: this CPU's (native), or the AVX2 class (AVX2, FMA, F16C; no
+# The kernels' instruction set: this CPU's (native), the AVX2 class (AVX2, FMA, F16C; no
 # AVX-512), the peer for torch forced to its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) on a CPU
-# that has more.
+# that has more, or the AVX-512 class (with VBMI, VNNI and BF16) without AMX: on a KVM guest that
+# lists AMX, the native build died of SIGILL at launch (2026-12-04), so `avx512` is the AVX-512
+# peer there (torch runs its own AVX-512 kernels, nothing forced).
+_X86 = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
 ISA_FLAGS = {"native": ["-DGGML_NATIVE=ON"],
-             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-                      "-DGGML_AVX512=OFF"]}
+             "avx2": [*_X86, "-DGGML_AVX512=OFF"],
+             "avx512": [*_X86, "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+                        "-DGGML_AVX512_BF16=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]}
 
 
 def _cpu_key() -> str:

@@ -61,13 +61,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_CPU_WIDTH = 2   # Dynamo specialises a dimension of size 0 or 1; padding to 2 keeps the width symbolic
-# Inductor's CPU code at 8 float lanes (AVX2's width) on every x86 CPU. On an AVX-512 one it
-# otherwise wrote the int8 embedding's lookup fused with the first RMSNorm as loops of 8 floats
+# Inductor's CPU code in AVX2's 256-bit vectors (8 floats) on every x86 CPU; `cpp.simdlen` is the
+# vector's width in bits (torch._inductor.cpu_vec_isa.pick_vec_isa matches it to an ISA's
+# bit_width, and a width no ISA has means scalar code). On an AVX-512 CPU, left to itself,
+# Inductor wrote the int8 embedding's lookup fused with the first RMSNorm as loops of 8 floats
 # whose stores were 16 wide (at::vec::Vectorized<float> under AVX-512): 32 bytes past the end of
 # the hidden-state buffer, every step. The heap corruption that followed aborted engines with
-# malloc errors (docs/benchmarks.md "Int16 activations"). Our kernels do the heavy work, so the
-# narrower vectors cost the fused elementwise loops little.
-CPU_SIMD_LANES = 8
+# malloc errors (docs/benchmarks.md "Int16 activations"). In AVX2's code the loops and the
+# vectors are both 8 floats wide. Our kernels do the heavy work, so the narrower vectors cost
+# the fused elementwise loops little.
+CPU_SIMD_BITS = 256
 
 
 @dataclass
@@ -296,7 +299,7 @@ class CompiledDecode:
     checking its ~300 parameters and submodules on every call cost ~2 ms of a ~15 ms step
     (measured, docs/benchmarks.md); guards on the input tensors' shapes stay. Inductor's size and
     alignment asserts stay on. With them off, an AVX-512 CPU's compiled step aborted with malloc
-    errors; the cause found since is Inductor's 16-wide stores (CPU_SIMD_LANES), so the asserts
+    errors; the cause found since is Inductor's 16-wide stores (CPU_SIMD_BITS), so the asserts
     may not have been the fix, but turning them off saves only 1%."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
@@ -316,7 +319,7 @@ class CompiledDecode:
             self.fns[bucket] = torch.compile(
                 fresh, fullgraph=True, dynamic=False,
                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                         "cpp.simdlen": CPU_SIMD_LANES})
+                         "cpp.simdlen": CPU_SIMD_BITS})
         return self.fns[bucket]
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:
