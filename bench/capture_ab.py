@@ -38,9 +38,10 @@ def variant(name: str):
     compile reads its options then; the engine keeps both)."""
     from pagedkube.engine.attention import cpu_backend, torch_backend
     import pagedkube.engine.decode_capture as capture
+    import pagedkube.engine.inductor_cache as inductor_cache
     import pagedkube.engine.quant.calibrate as calibrate
     compile_, backend, near_exact = torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT
-    simd_bits = capture.CPU_SIMD_BITS
+    simd_bits = inductor_cache.CPU_SIMD_BITS
     if name == "no-asserts":
         def compile_without_asserts(fn, **kw):
             options = {**kw.pop("options", {}), "size_asserts": False, "alignment_asserts": False}
@@ -49,7 +50,7 @@ def variant(name: str):
     elif name == "exact-q4":
         calibrate.NEAR_EXACT = frozenset()
     elif name == "scalar":
-        capture.CPU_SIMD_BITS = 8
+        inductor_cache.CPU_SIMD_BITS = 8
     elif name == "cpp-wrapper":
         def compile_with_cpp_wrapper(fn, **kw):
             return compile_(fn, options={**kw.pop("options", {}), "cpp_wrapper": True}, **kw)
@@ -65,7 +66,7 @@ def variant(name: str):
         yield
     finally:
         capture.torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT = compile_, backend, near_exact
-        capture.CPU_SIMD_BITS = simd_bits
+        inductor_cache.CPU_SIMD_BITS = simd_bits
 
 
 def main() -> None:

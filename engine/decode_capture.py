@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
+from pagedkube.engine import inductor_cache
 from pagedkube.engine.attention.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -61,16 +62,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_CPU_WIDTH = 2   # Dynamo specialises a dimension of size 0 or 1; padding to 2 keeps the width symbolic
-# Inductor's CPU code in AVX2's 256-bit vectors (8 floats) on every x86 CPU; `cpp.simdlen` is the
-# vector's width in bits (torch._inductor.cpu_vec_isa.pick_vec_isa matches it to an ISA's
-# bit_width, and a width no ISA has means scalar code). On an AVX-512 CPU, left to itself,
-# Inductor wrote the int8 embedding's lookup fused with the first RMSNorm as loops of 8 floats
-# whose stores were 16 wide (at::vec::Vectorized<float> under AVX-512): 32 bytes past the end of
-# the hidden-state buffer, every step. The heap corruption that followed aborted engines with
-# malloc errors (docs/benchmarks.md "Int16 activations"). In AVX2's code the loops and the
-# vectors are both 8 floats wide. Our kernels do the heavy work, so the narrower vectors cost
-# the fused elementwise loops little.
-CPU_SIMD_BITS = 256
 
 
 @dataclass
@@ -187,6 +178,7 @@ class DecodeCapture:
             self._compile_all(background)
 
     def _compile_all(self, background: bool) -> None:
+        inductor_cache.seed_from_env()
         try:
             self.program = CompiledDecode(*self._compiled_args)
         except Exception:
@@ -216,7 +208,8 @@ class DecodeCapture:
         if background and self._stop.is_set():
             log.info("decode capture: stopped compiling at exit with buckets %s ready", sorted(self.ready))
             return
-        log.info("decode capture (torch.compile): buckets %s ready in %s s", sorted(self.ready), self.compile_seconds)
+        log.info("decode capture (torch.compile): buckets %s ready in %s s (Inductor's caches: %s)",
+                 sorted(self.ready), self.compile_seconds, inductor_cache.cache_counts())
         if background:
             atexit.unregister(self._stop_at_exit)
 
@@ -299,13 +292,18 @@ class CompiledDecode:
     checking its ~300 parameters and submodules on every call cost ~2 ms of a ~15 ms step
     (measured, docs/benchmarks.md); guards on the input tensors' shapes stay. Inductor's size and
     alignment asserts stay on. With them off, an AVX-512 CPU's compiled step aborted with malloc
-    errors; the cause found since is Inductor's 16-wide stores (CPU_SIMD_BITS), so the asserts
+    errors; the cause found since is Inductor's 16-wide stores (inductor_cache.CPU_SIMD_BITS), so the asserts
     may not have been the fix, but turning them off saves only 1%."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
         self.args = (model, kv_caches, max_seq_len)
         self.fns: dict[int, Callable[..., torch.Tensor]] = {}
         _pin_module_calls(model)
+        # The pool's block count (sized from free memory at each start) stays symbolic, so one
+        # cache entry serves every pool size (engine/inductor_cache.py)
+        for cache in kv_caches:
+            for t in cache:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
 
     def _fn(self, bucket: int) -> Callable[..., torch.Tensor]:
         # Dynamo keeps compiled graphs per code object. Each bucket gets its own copy of the code,
@@ -319,7 +317,7 @@ class CompiledDecode:
             self.fns[bucket] = torch.compile(
                 fresh, fullgraph=True, dynamic=False,
                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                         "cpp.simdlen": CPU_SIMD_BITS})
+                         **inductor_cache.compile_options()})
         return self.fns[bucket]
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:

@@ -228,21 +228,21 @@ def test_inductor_writes_avx2_vectors_on_every_x86_cpu(monkeypatch):
     as loops of 8 floats with 16-wide stores: 32 bytes past the hidden state's buffer every step,
     and the default model's engine aborted with malloc errors ("corrupted size vs. prev_size")
     a few requests in. Every bucket is compiled for AVX2's 256-bit vectors
-    (decode_capture.CPU_SIMD_BITS); `cpp.simdlen` is in bits, and a width no ISA has (8, as
+    (inductor_cache.CPU_SIMD_BITS); `cpp.simdlen` is in bits, and a width no ISA has (8, as
     first written) silently means scalar code, so the ISA the option picks is checked too."""
     from torch._inductor import config, cpu_vec_isa
-    from pagedkube.engine import decode_capture
+    from pagedkube.engine import decode_capture, inductor_cache
     seen = []
     monkeypatch.setattr(decode_capture.torch, "compile", lambda fn, **kw: seen.append(kw["options"]) or fn)
     compiled = decode_capture.CompiledDecode(torch.nn.Linear(2, 2), [], 16)
     for bucket in (1, 8):
         compiled._fn(bucket)
-    assert [o["cpp.simdlen"] for o in seen] == [decode_capture.CPU_SIMD_BITS] * 2
+    assert [o["cpp.simdlen"] for o in seen] == [inductor_cache.CPU_SIMD_BITS] * 2
     assert len(compiled.fns) == 2                          # a code object (a Dynamo cache) per bucket
     assert compiled.fns[1].__code__ is not compiled.fns[8].__code__
     if not any(str(isa) == "avx2" for isa in cpu_vec_isa.valid_vec_isa_list()):
         pytest.skip("this CPU has no AVX2: Inductor writes scalar code whatever the option")
-    with config.patch({"cpp.simdlen": decode_capture.CPU_SIMD_BITS}):
+    with config.patch({"cpp.simdlen": inductor_cache.CPU_SIMD_BITS}):
         isa = cpu_vec_isa.pick_vec_isa()
     assert str(isa) == "avx2" and isa.nelements(torch.float32) == 8
 

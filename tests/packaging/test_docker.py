@@ -58,11 +58,17 @@ def test_engine_sources_are_a_thin_layer_over_the_locked_venv(dockerfile_replay)
     copied = [i.args for i in deps if i.keyword == "COPY"]
     assert copied == ["docker/requirements-engine.txt docker/"], copied
     assert any("pip install --no-deps -r docker/requirements-engine.txt" in i.args for i in deps)
+    # the final image starts from the locked venv plus the C++ compiler torch.compile needs at
+    # run time (the runtime stage, a layer that copies nothing of ours), as the build stage does
+    runtime = dockerfile_replay.stage_chain(stages, "runtime")
+    assert runtime[0] is deps and len(runtime) == 2, "the runtime stage starts from the deps stage"
+    assert [i.keyword for i in runtime[1][1:]] == ["RUN"], "the runtime stage only installs packages"
+    assert "apt-get install" in runtime[1][1].args and "g++=" in runtime[1][1].args
     final = stages[-1]
-    assert final[0].args == "deps", "the final image must start from the locked venv"
+    assert final[0].args == "runtime", "the final image must start from the locked venv and compiler"
     sources = [i.args.split()[1] for i in final if i.keyword == "COPY"]
     assert "/opt/venv" not in sources, "copying the whole venv again re-ships 4 GB per change"
-    assert dockerfile_replay.stage_chain(stages)[0] is deps, "the build stage installs over the same venv"
+    assert dockerfile_replay.stage_chain(stages)[:2] == runtime, "the build stage installs over the same venv"
 
 
 def _lock(image: str) -> dict[str, str]:
