@@ -13,6 +13,9 @@ each, per round; the step time is the median engine step of the round's decode. 
                    left out of the calibration's candidates
     scalar         Inductor's elementwise code without vectors (`cpp.simdlen` 8, a width in bits
                    no ISA has: what the engine ran on 2026-12-04 by mistake, meaning 8 lanes)
+    machine-code   Inductor's code for this machine only, as before the image's warm cache:
+                   -march=native and the thread count baked in (not x86-64-v3 and
+                   cpp.dynamic_threads, engine/inductor_cache.py)
     cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
                    not from a generated Python function
 
@@ -41,7 +44,7 @@ def variant(name: str):
     import pagedkube.engine.inductor_cache as inductor_cache
     import pagedkube.engine.quant.calibrate as calibrate
     compile_, backend, near_exact = torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT
-    simd_bits = inductor_cache.CPU_SIMD_BITS
+    simd_bits, options = inductor_cache.CPU_SIMD_BITS, inductor_cache.compile_options
     if name == "no-asserts":
         def compile_without_asserts(fn, **kw):
             options = {**kw.pop("options", {}), "size_asserts": False, "alignment_asserts": False}
@@ -49,6 +52,8 @@ def variant(name: str):
         capture.torch.compile = compile_without_asserts
     elif name == "exact-q4":
         calibrate.NEAR_EXACT = frozenset()
+    elif name == "machine-code":
+        inductor_cache.compile_options = lambda: {"cpp.simdlen": inductor_cache.CPU_SIMD_BITS}
     elif name == "scalar":
         inductor_cache.CPU_SIMD_BITS = 8
     elif name == "cpp-wrapper":
@@ -66,7 +71,7 @@ def variant(name: str):
         yield
     finally:
         capture.torch.compile, cpu_backend.CpuKernelBackend, calibrate.NEAR_EXACT = compile_, backend, near_exact
-        inductor_cache.CPU_SIMD_BITS = simd_bits
+        inductor_cache.CPU_SIMD_BITS, inductor_cache.compile_options = simd_bits, options
 
 
 def main() -> None:

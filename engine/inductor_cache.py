@@ -54,9 +54,9 @@ _SKIPPED = {"locks"}                        # Inductor's lock files: per process
 _COUNTERS = (("aot_autograd", "autograd_cache"), ("inductor", "fxgraph_cache"))
 
 
-def compile_options() -> dict[str, object]:
+def compile_options() -> dict[str, str | int | bool]:
     """Inductor's C++ options for the decode step (decode_capture.CompiledDecode)."""
-    options: dict[str, object] = {"cpp.simdlen": CPU_SIMD_BITS, "cpp.dynamic_threads": True}
+    options: dict[str, str | int | bool] = {"cpp.simdlen": CPU_SIMD_BITS, "cpp.dynamic_threads": True}
     if platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_avx2_supported():
         options["cpp.march"] = PORTABLE_MARCH
     return options
