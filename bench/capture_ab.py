@@ -13,9 +13,11 @@ each, per round; the step time is the median engine step of the round's decode. 
                    left out of the calibration's candidates
     scalar         Inductor's elementwise code without vectors (`cpp.simdlen` 8, a width in bits
                    no ISA has: what the engine ran on 2026-12-04 by mistake, meaning 8 lanes)
-    machine-code   Inductor's code for this machine only, as before the image's warm cache:
-                   -march=native and the thread count baked in (not x86-64-v3 and
-                   cpp.dynamic_threads, engine/inductor_cache.py)
+    shared         Inductor's code as a shared cache needs it (engine/inductor_cache.py, the
+                   engine image's): x86-64-v3, not -march=native, and one thread for
+                   Inductor's own loops, not torch's count
+    dynamic-threads  shared, with the thread count read when a kernel runs
+                   (cpp.dynamic_threads) instead of one thread
     cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
                    not from a generated Python function
 
@@ -52,8 +54,10 @@ def variant(name: str):
         capture.torch.compile = compile_without_asserts
     elif name == "exact-q4":
         calibrate.NEAR_EXACT = frozenset()
-    elif name == "machine-code":
-        inductor_cache.compile_options = lambda: {"cpp.simdlen": inductor_cache.CPU_SIMD_BITS}
+    elif name == "shared":
+        inductor_cache.compile_options = lambda shared: options(True)
+    elif name == "dynamic-threads":
+        inductor_cache.compile_options = lambda shared: {**options(True), "cpp.threads": -1, "cpp.dynamic_threads": True}
     elif name == "scalar":
         inductor_cache.CPU_SIMD_BITS = 8
     elif name == "cpp-wrapper":

@@ -317,7 +317,7 @@ class CompiledDecode:
             self.fns[bucket] = torch.compile(
                 fresh, fullgraph=True, dynamic=False,
                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                         **inductor_cache.compile_options()})
+                         **inductor_cache.compile_options(inductor_cache.shared())})
         return self.fns[bucket]
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:

@@ -46,7 +46,8 @@ def compile_in(cache: Path, blocks: int, threads: int, seed: Path | None = None)
 
 def test_a_seeded_cache_turns_the_compile_into_hits_on_another_folder_pool_size_and_thread_count(tmp_path):
     require_cxx()
-    cold = compile_in(tmp_path / "built", blocks=6, threads=1)
+    (tmp_path / "empty").mkdir()        # a cache built to be shared (the image's `warm`): seeded by nothing
+    cold = compile_in(tmp_path / "built", blocks=6, threads=1, seed=tmp_path / "empty")
     assert cold["counts"]["fxgraph_cache_miss"] == 1 and cold["counts"]["fxgraph_cache_hit"] == 0, cold["counts"]
     assert cold["captured"] > 0
     warm = compile_in(tmp_path / "pod", blocks=9, threads=2, seed=tmp_path / "built")
@@ -78,11 +79,16 @@ def test_a_seed_folder_that_is_missing_is_a_warning_not_an_error(tmp_path, monke
     assert "is not a folder" in caplog.text
 
 
-def test_the_compiled_code_targets_every_avx2_cpu_not_the_build_machine():
+def test_shared_code_targets_every_avx2_cpu_and_any_thread_count(monkeypatch, tmp_path):
     """Inductor's default -march=native would let an AVX-512 build machine's .so carry AVX-512
-    instructions into a cache an AVX2 node loads."""
-    options = inductor_cache.compile_options()
-    assert options["cpp.simdlen"] == 256
+    instructions into a cache an AVX2 node loads; a process with no shared cache keeps it."""
+    monkeypatch.delenv(inductor_cache.SEED_ENV, raising=False)
+    assert not inductor_cache.shared()
+    assert inductor_cache.compile_options(inductor_cache.shared()) == {"cpp.simdlen": 256}
+    monkeypatch.setenv(inductor_cache.SEED_ENV, str(tmp_path))
+    assert inductor_cache.shared()
+    options = inductor_cache.compile_options(inductor_cache.shared())
+    assert options["cpp.simdlen"] == 256 and options["cpp.threads"] == 1
     if platform.machine() not in ("x86_64", "AMD64") or not torch.cpu._is_avx2_supported():
         pytest.skip("not an x86 CPU with AVX2")
     assert options["cpp.march"] == "x86-64-v3"
