@@ -86,7 +86,7 @@ def test_the_operator_pod_reconciles_the_example_and_the_engines_pass_their_prob
 
 
 def test_the_engines_serve_the_default_model_with_the_q4_kernels_prebuilt_in_the_image(llms: Kube) -> None:
-    """The image has no compiler: the Q4 kernels come built (PAGEDKUBE_CPU_EXT_DIR), so the CPU
+    """The image has no ninja to build them: the Q4 kernels come built (PAGEDKUBE_CPU_EXT_DIR), so the CPU
     default decodes with one of them (the exact q4fused or the near-exact int16 q4i16, whichever
     the pod's calibration measures faster) on float32 activations, never the bf16 fallback."""
     for pod in engine_pods(llms, NAME, NS):
