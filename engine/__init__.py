@@ -24,6 +24,7 @@ never imports torch. Hence the lazy attributes below.
     loader.py            builds the decoder and loads safetensors or GGUF weights
     cache_lock.py        one process at a time making a cache entry (GGUF conversion, kernel timings)
     decode_capture.py    decode steps as one captured program (torch.compile / CUDA graphs)
+    inductor_cache.py    Inductor's cache for that program: portable code, the image's warm copy
     sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)
     penalties.py         repetition, presence and frequency penalties, logit bias
     output_processor.py  tokens -> text, stop strings, logprobs
