@@ -14,8 +14,8 @@ each, per round; the step time is the median engine step of the round's decode. 
     scalar         Inductor's elementwise code without vectors (`cpp.simdlen` 8, a width in bits
                    no ISA has: what the engine ran on 2026-12-04 by mistake, meaning 8 lanes)
     shared         Inductor's code as a shared cache needs it (engine/inductor_cache.py, the
-                   engine image's): x86-64-v3, not -march=native, and one thread for
-                   Inductor's own loops, not torch's count
+                   engine image's): x86-64-v3, not -march=native
+    torch-threads  Inductor's own loops on torch's thread count, not one thread
     dynamic-threads  shared, with the thread count read when a kernel runs
                    (cpp.dynamic_threads) instead of one thread
     cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
@@ -56,6 +56,8 @@ def variant(name: str):
         calibrate.NEAR_EXACT = frozenset()
     elif name == "shared":
         inductor_cache.compile_options = lambda shared: options(True)
+    elif name == "torch-threads":
+        inductor_cache.compile_options = lambda shared: {**options(False), "cpp.threads": -1}
     elif name == "dynamic-threads":
         inductor_cache.compile_options = lambda shared: {**options(True), "cpp.threads": -1, "cpp.dynamic_threads": True}
     elif name == "scalar":

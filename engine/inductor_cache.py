@@ -12,23 +12,22 @@ and an engine whose $PAGEDKUBE_INDUCTOR_SEED_DIR names DIR copies the entries it
 compiling (`seed`). Dynamo still traces each bucket; Inductor's work and the C++ compiler's come
 from the cache. The compile log line counts the cache's hits and misses.
 
-One cache serves every node only if its code does not depend on the machine that built it.
-Where the cache is shared (a process with $PAGEDKUBE_INDUCTOR_SEED_DIR set, and `warm`, which
-builds one), the compile makes it so (`compile_options(shared=True)`):
-- the compiler's target: Inductor passes -march=native, and the C++ cache keys a .so by that
-  flag's text, so an AVX-512 build machine's .so could carry AVX-512 instructions into a cache
-  that an AVX2 node then loads. Where the CPU has AVX2 the target is x86-64-v3 (AVX2, FMA, F16C,
-  BMI2; gcc 11 or clang 12 and later), the same on every such machine;
+One cache serves every node only if its code does not depend on the machine that built it:
 - the thread count: Inductor's kernels otherwise specialise on torch.get_num_threads() at
   compile time, and the cache keys them by it. Its own loops in a decode step are small
   (norms, rope, activations over a few rows of 576-1,536 values) and run on one thread
-  (INDUCTOR_THREADS); our kernels, the projections and attention, keep torch's threads.
-Those two cost a one-client step ~3% here (bench/capture_ab.py), so a process with no shared
-cache compiles for its own machine. Always:
+  (INDUCTOR_THREADS), everywhere; our kernels, the projections and attention, keep torch's;
 - vectors: AVX2's 256 bits on every x86 CPU (CPU_SIMD_BITS; also what keeps Inductor's
   AVX-512 loops from writing past a buffer);
 - the KV pool's block count, sized from free memory at each start, is a dynamic dimension of
-  the graph (decode_capture.CompiledDecode), not a constant, so a restart hits its own cache.
+  the graph (decode_capture.CompiledDecode), not a constant, so a restart hits its own cache;
+- the compiler's target: Inductor passes -march=native, and the C++ cache keys a .so by that
+  flag's text, so an AVX-512 build machine's .so could carry AVX-512 instructions into a cache
+  that an AVX2 node then loads. Where the cache is shared (a process with
+  $PAGEDKUBE_INDUCTOR_SEED_DIR set, and `warm`, which builds one) and the CPU has AVX2, the
+  target is x86-64-v3 (AVX2, FMA, F16C, BMI2; gcc 11 or clang 12 and later), the same on every
+  such machine (`compile_options(shared=True)`). Elsewhere it stays native: on this project's
+  AVX-512 machine, AVX2 forced, a one-client step took 14.08 ms native and 14.46 ms x86-64-v3.
 What still keys a bucket's graph: the model, the bucket, max_model_len, the block size, and the
 kernels the calibration measured fastest (engine/quant/calibrate.py). A node whose calibration
 picks other kernels, or a pod given another max_model_len, compiles those graphs itself.
@@ -56,9 +55,10 @@ SEED_ENV = "PAGEDKUBE_INDUCTOR_SEED_DIR"   # a read-only folder of warm cache en
 # Our kernels do the heavy work, so the narrower vectors cost the fused elementwise loops little.
 CPU_SIMD_BITS = 256
 PORTABLE_MARCH = "x86-64-v3"
-# Threads of Inductor's own loops in shared code: 1, no OpenMP region to fork and join. Reading
-# the count at run time instead (`cpp.dynamic_threads`) measured no better (bench/capture_ab.py,
-# docs/benchmarks.md "A warm Inductor cache in the engine image").
+# Threads of Inductor's own loops: 1, no OpenMP region to fork and join. A one-client step took
+# 14.08 ms so against 14.60 ms at torch's 2 threads, every one of 12 interleaved rounds shorter;
+# reading the count at run time (`cpp.dynamic_threads`) measured no better than one thread
+# (bench/capture_ab.py, docs/benchmarks.md "A warm Inductor cache in the engine image").
 INDUCTOR_THREADS = 1
 _SKIPPED = {"locks"}                        # Inductor's lock files: per process, never copied
 _COUNTERS = (("aot_autograd", "autograd_cache"), ("inductor", "fxgraph_cache"))
@@ -72,11 +72,9 @@ def shared() -> bool:
 
 def compile_options(shared: bool = False) -> dict[str, str | int | bool]:
     """Inductor's C++ options for the decode step (decode_capture.CompiledDecode)."""
-    options: dict[str, str | int | bool] = {"cpp.simdlen": CPU_SIMD_BITS}
-    if shared:
-        options["cpp.threads"] = INDUCTOR_THREADS
-        if platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_avx2_supported():
-            options["cpp.march"] = PORTABLE_MARCH
+    options: dict[str, str | int | bool] = {"cpp.simdlen": CPU_SIMD_BITS, "cpp.threads": INDUCTOR_THREADS}
+    if shared and platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_avx2_supported():
+        options["cpp.march"] = PORTABLE_MARCH
     return options
 
 

@@ -79,12 +79,12 @@ def test_a_seed_folder_that_is_missing_is_a_warning_not_an_error(tmp_path, monke
     assert "is not a folder" in caplog.text
 
 
-def test_shared_code_targets_every_avx2_cpu_and_any_thread_count(monkeypatch, tmp_path):
+def test_shared_code_targets_every_avx2_cpu_and_inductors_loops_run_on_one_thread(monkeypatch, tmp_path):
     """Inductor's default -march=native would let an AVX-512 build machine's .so carry AVX-512
     instructions into a cache an AVX2 node loads; a process with no shared cache keeps it."""
     monkeypatch.delenv(inductor_cache.SEED_ENV, raising=False)
     assert not inductor_cache.shared()
-    assert inductor_cache.compile_options(inductor_cache.shared()) == {"cpp.simdlen": 256}
+    assert inductor_cache.compile_options(inductor_cache.shared()) == {"cpp.simdlen": 256, "cpp.threads": 1}
     monkeypatch.setenv(inductor_cache.SEED_ENV, str(tmp_path))
     assert inductor_cache.shared()
     options = inductor_cache.compile_options(inductor_cache.shared())
