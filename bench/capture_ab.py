@@ -55,11 +55,12 @@ def variant(name: str):
     elif name == "exact-q4":
         calibrate.NEAR_EXACT = frozenset()
     elif name == "shared":
-        inductor_cache.compile_options = lambda shared: options(True)
+        inductor_cache.compile_options = lambda portable=None: options(True)
     elif name == "torch-threads":
-        inductor_cache.compile_options = lambda shared: {**options(False), "cpp.threads": -1}
+        inductor_cache.compile_options = lambda portable=None: {**options(), "cpp.threads": -1}
     elif name == "dynamic-threads":
-        inductor_cache.compile_options = lambda shared: {**options(True), "cpp.threads": -1, "cpp.dynamic_threads": True}
+        inductor_cache.compile_options = lambda portable=None: {**options(True), "cpp.threads": -1,
+                                                                "cpp.dynamic_threads": True}
     elif name == "scalar":
         inductor_cache.CPU_SIMD_BITS = 8
     elif name == "cpp-wrapper":

@@ -292,8 +292,8 @@ class CompiledDecode:
     checking its ~300 parameters and submodules on every call cost ~2 ms of a ~15 ms step
     (measured, docs/benchmarks.md); guards on the input tensors' shapes stay. Inductor's size and
     alignment asserts stay on. With them off, an AVX-512 CPU's compiled step aborted with malloc
-    errors; the cause found since is Inductor's 16-wide stores (inductor_cache.CPU_SIMD_BITS), so the asserts
-    may not have been the fix, but turning them off saves only 1%."""
+    errors; the cause found since is Inductor's 16-wide stores (inductor_cache.CPU_SIMD_BITS), so
+    the asserts may not have been the fix, but turning them off saves only 1%."""
 
     def __init__(self, model: torch.nn.Module, kv_caches: list, max_seq_len: int):
         self.args = (model, kv_caches, max_seq_len)
@@ -317,7 +317,7 @@ class CompiledDecode:
             self.fns[bucket] = torch.compile(
                 fresh, fullgraph=True, dynamic=False,
                 options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-                         **inductor_cache.compile_options(inductor_cache.shared())})
+                         **inductor_cache.compile_options()})
         return self.fns[bucket]
 
     def __call__(self, inputs: DecodeInputs) -> torch.Tensor:

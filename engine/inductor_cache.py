@@ -26,7 +26,7 @@ One cache serves every node only if its code does not depend on the machine that
   that an AVX2 node then loads. Where the cache is shared (a process with
   $PAGEDKUBE_INDUCTOR_SEED_DIR set, and `warm`, which builds one) and the CPU has AVX2, the
   target is x86-64-v3 (AVX2, FMA, F16C, BMI2; gcc 11 or clang 12 and later), the same on every
-  such machine (`compile_options(shared=True)`). Elsewhere it stays native: on this project's
+  such machine (`compile_options(portable=True)`). Elsewhere it stays native: on this project's
   AVX-512 machine, AVX2 forced, a one-client step took 14.08 ms native and 14.46 ms x86-64-v3.
 What still keys a bucket's graph: the model, the bucket, max_model_len, the block size, and the
 kernels the calibration measured fastest (engine/quant/calibrate.py). A node whose calibration
@@ -70,10 +70,13 @@ def shared() -> bool:
     return bool(os.environ.get(SEED_ENV))
 
 
-def compile_options(shared: bool = False) -> dict[str, str | int | bool]:
-    """Inductor's C++ options for the decode step (decode_capture.CompiledDecode)."""
+def compile_options(portable: bool | None = None) -> dict[str, str | int | bool]:
+    """Inductor's C++ options for the decode step (decode_capture.CompiledDecode); `portable`
+    (code for any machine of the class) defaults to whether this process's cache is shared()."""
     options: dict[str, str | int | bool] = {"cpp.simdlen": CPU_SIMD_BITS, "cpp.threads": INDUCTOR_THREADS}
-    if shared and platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_avx2_supported():
+    if portable is None:
+        portable = shared()
+    if portable and platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_avx2_supported():
         options["cpp.march"] = PORTABLE_MARCH
     return options
 
