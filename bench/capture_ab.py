@@ -71,7 +71,7 @@ def variant(name: str):
         class TorchWrite(backend):
             def write_kv(self, *args):
                 torch_backend.write_kv(*args)
-        cpu_backend.CpuKernelBackend = TorchWrite       # model_runner.select_backend imports it by name
+        cpu_backend.CpuKernelBackend = TorchWrite       # runner_setup.select_backend imports it by name
     elif name != "default":
         raise SystemExit(f"unknown variant {name!r}")
     try:

@@ -18,6 +18,7 @@ never imports torch. Hence the lazy attributes below.
     block_pool.py        fixed-size blocks, the O(1) LRU free queue, the hash -> block map
     kv_events.py         KVEventLog: the cache feed's stored/removed events
     model_runner.py      one forward pass over a scheduled batch (torch)
+    runner_setup.py      what the runner decides before it builds: device, attention backend, capture mode
     kv_pool.py           the KV pool's size (a share of free memory) and its tensors
     model_config.py      what the runner reads from config.json
     host_memory.py       host memory an allocation can still take (MemAvailable, the cgroup limit)

@@ -12,7 +12,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU (every bucket
 # before serving), CUDA graphs on CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the
 # engine's choice: compiled in the background on CPU where it can be, CUDA graphs captured at
-# start on CUDA (model_runner.resolve_decode_capture; measured: docs/benchmarks.md "Whole
+# start on CUDA (runner_setup.resolve_decode_capture; measured: docs/benchmarks.md "Whole
 # decode-step capture" and "GPU (Triton)")
 DECODE_CAPTURES = ("auto", "on", "off")
 # The KV cache's element type (vLLM's --kv-cache-dtype): auto = float16 on the CPU's exact

@@ -10,7 +10,7 @@ writes are the library's too (store_kv: one operator call a layer, where torch_b
 Python operator around two index_copy_ calls under torch.compile); prefill chunks stay
 torch_backend's.
 
-Chosen by the runner (model_runner.select_backend) on CPU with --attention-backend auto where
+Chosen by the runner (runner_setup.select_backend) on CPU with --attention-backend auto where
 our kernels are loaded (the GGUF default path: engine/quant/q4_fused.py builds both) for a
 float32 query and a head size that is a multiple of 8; otherwise torch_backend serves.
 """

@@ -172,7 +172,7 @@ def test_a_head_size_the_kernel_cannot_take_goes_through_torch(ops):
 
 def test_the_runner_picks_the_kernel_where_it_is_built(ops):
     from pagedkube.engine.attention.cpu_backend import CpuKernelBackend
-    from pagedkube.engine.model_runner import select_backend
+    from pagedkube.engine.runner_setup import select_backend
     cpu = torch.device("cpu")
     assert isinstance(select_backend("auto", cpu, ops), CpuKernelBackend)
     assert select_backend("torch", cpu, ops) is torch_backend          # asked for by name: torch's

@@ -298,7 +298,7 @@ def test_auto_on_cuda_captures_at_start_unless_lora_tp_or_the_torch_backend(monk
     is `on`, measured 3.7x shorter one-client steps on an H200; LoRA, tensor parallelism and the
     torch attention backend stay eager there; the environment's setting still wins."""
     from pagedkube.engine.config import EngineConfig
-    from pagedkube.engine.model_runner import resolve_decode_capture
+    from pagedkube.engine.runner_setup import resolve_decode_capture
     monkeypatch.delenv("PAGEDKUBE_DECODE_CAPTURE", raising=False)
     cuda = torch.device("cuda")
     assert resolve_decode_capture(EngineConfig(model="builtin://tiny"), cuda) == "on"

@@ -317,7 +317,7 @@ def test_bfloat16_runner_tracks_float32(tmp_path):
 def test_auto_dtype_is_float32_on_cpu_packed_weights_or_not(tmp_path, kind, quantization, packed):
     """bf16 activations cost fidelity (docs/benchmarks.md "Fidelity per component"): never by default."""
     from gguf_factory import write_tiny_gguf
-    from pagedkube.engine.model_runner import serves_quantized_weights
+    from pagedkube.engine.runner_setup import serves_quantized_weights
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", "llama", kind)
     config = EngineConfig(model=str(path), device="cpu", quantization=quantization, num_kv_blocks=8,
                           attention_backend="torch")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pagedkube.engine.model_runner import has_cxx_toolchain
+from pagedkube.engine.runner_setup import has_cxx_toolchain
 
 
 def require_cxx() -> None:
