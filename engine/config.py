@@ -9,12 +9,14 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # auto: a GGUF file's types as stored, a float checkpoint as float; none: all dense (the
 # reference); int8 / int4: projections quantized at load (docs/engine.md "Quantization")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# Whole decode-step capture (engine/decode_capture.py): "on" = torch.compile on CPU (every bucket
-# before serving), CUDA graphs on CUDA; "off" = eager (vLLM's --enforce-eager); "auto" = the
-# engine's choice: compiled in the background on CPU where it can be, CUDA graphs captured at
-# start on CUDA (runner_setup.resolve_decode_capture; measured: docs/benchmarks.md "Whole
-# decode-step capture" and "GPU (Triton)")
-DECODE_CAPTURES = ("auto", "on", "off")
+# How decode steps run: "on" = whole-step capture (engine/decode_capture.py): torch.compile on
+# CPU (every bucket before serving), CUDA graphs on CUDA; "native" = one call a step into our C++
+# library (engine/native_decode.py; the CPU's GGUF default path); "off" = eager (vLLM's
+# --enforce-eager); "auto" = the engine's choice: native where it applies, else compiled in the
+# background on CPU where it can be, CUDA graphs captured at start on CUDA
+# (runner_setup.resolve_decode_capture; measured: docs/benchmarks.md "One call a decode step",
+# "Whole decode-step capture" and "GPU (Triton)")
+DECODE_CAPTURES = ("auto", "on", "native", "off")
 # The KV cache's element type (vLLM's --kv-cache-dtype): auto = float16 on the CPU's exact
 # packed path (a GGUF file's Q4/Q8 weights, --quantization and --dtype auto, our float32 Q4
 # kernel: a float16 cache gave the same greedy ids on all 32 quality chats at half the
@@ -135,8 +137,9 @@ class EngineConfig:
         if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int)
                                                or self.max_cpu_loras < self.max_loras):
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras!r}) must be >= max_loras ({self.max_loras})")
-        if self.enable_lora and self.decode_capture == "on":
-            raise ValueError("decode_capture 'on' does not capture LoRA steps yet: use it without enable_lora")
+        if self.enable_lora and self.decode_capture in ("on", "native"):
+            raise ValueError(f"decode_capture {self.decode_capture!r} does not run LoRA steps yet: "
+                             "use it without enable_lora")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \

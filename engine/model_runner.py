@@ -40,6 +40,7 @@ from pagedkube.engine.distributed.executor import TPWorkers, move_tensors
 from pagedkube.engine.distributed.sharding import ShardPlan
 from pagedkube.engine.loader import load_model, resolve_dtype, resolve_kv_cache_dtype, resolve_quantization
 from pagedkube.engine.model_config import ModelConfig
+from pagedkube.engine.native_decode import NativeDecode, why_not_native
 from pagedkube.engine.quant.q4_fused import q4_ext
 from pagedkube.engine.runner_setup import (resolve_decode_capture, resolve_device, resolve_model_dir, select_backend,
                                            serves_quantized_weights)
@@ -68,8 +69,8 @@ class ModelRunner:
         self.config = config
         self.model_config = ModelConfig.from_pretrained(resolve_model_dir(config.model))
         check_tensor_parallel(self.model_config, config.tensor_parallel_size, config.nnodes)
-        if config.world_size > 1 and config.decode_capture == "on":
-            raise ValueError("decode_capture 'on' is not supported with tensor_parallel_size > 1 yet")
+        if config.world_size > 1 and config.decode_capture in ("on", "native"):
+            raise ValueError(f"decode_capture {config.decode_capture!r} is not supported with tensor_parallel_size > 1 yet")
         self.device = resolve_device(config.device)
         self.tp: TPWorkers | WorkerLink | None = tp
         if self.tp is None and config.world_size > 1:
@@ -118,14 +119,18 @@ class ModelRunner:
 
             self.num_kv_blocks, self.tp_group = tp.agree(self.num_kv_blocks, self.device)
             parallelize(self.model, self.tp_group, self.model_config.vocab_size)
-        capture = resolve_decode_capture(config, self.device, tensor_parallel=tp is not None)
+        capture = resolve_decode_capture(config, self.device, tensor_parallel=tp is not None,
+                                         why_not_native=why_not_native(self.model, kernels))
         # A captured decode's padding rows write one extra block past the pool (decode_capture.py)
-        shape = (self.num_kv_blocks + (capture != "off"), self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        pad_block = capture in ("on", "background")
+        shape = (self.num_kv_blocks + pad_block, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv_caches = allocate_kv_pool(cfg.num_hidden_layers, shape, self.kv_dtype, self.device)
         generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.sampler = Sampler(cfg.eos_token_ids, generator)
-        self.decode_capture: DecodeCapture | None = None
-        if capture != "off":
+        self.decode_capture: DecodeCapture | NativeDecode | None = None
+        if capture == "native":
+            self.decode_capture = NativeDecode(self.model, self.kv_caches, kernels)
+        elif capture != "off":
             self.decode_capture = DecodeCapture(self.model, self.kv_caches, config.decode_capture_sizes,
                                                 self.block_size, self.num_kv_blocks, self.max_model_len, self.device,
                                                 background=capture == "background")

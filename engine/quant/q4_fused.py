@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("q4_linear.cpp")
 # Built into the same library (one build, one load): the paged decode attention kernel.
 ATTENTION_SOURCE = Path(__file__).parent.parent / "attention" / "cpu_attention.cpp"
-SOURCES = (SOURCE, ATTENTION_SOURCE)
+# And the whole decode step (engine/native_decode.py), over both.
+NATIVE_SOURCE = SOURCE.with_name("native_decode.cpp")
+SOURCES = (SOURCE, ATTENTION_SOURCE, NATIVE_SOURCE)
+HEADERS = (SOURCE.with_name("cpu_vec.h"),)     # included by the sources: part of the build's key
 GROUP_SIZE = 32                       # the kernel's group (GGUF's Q4_0/Q4_1, Q4_K's sub-blocks)
 EXT_NAME = "pagedkube_q4_linear"
 PREBUILT_ENV = "PAGEDKUBE_CPU_EXT_DIR"  # a read-only folder of prebuilt variants (the engine image's)
@@ -105,7 +108,7 @@ def source_digest() -> str:
 
 
 def _build_dir(cache_dir: Path, cflags: list[str]) -> Path:
-    key = "|".join([*(s.read_text() for s in SOURCES), " ".join(cflags), torch.__version__, sys.version])
+    key = "|".join([*(s.read_text() for s in SOURCES + HEADERS), " ".join(cflags), torch.__version__, sys.version])
     return cache_dir / "cpu-ext" / f"{EXT_NAME}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 

@@ -21,6 +21,8 @@
 #define Q4_AVX2 1
 #endif
 
+#include "cpu_vec.h"
+
 namespace {
 
 constexpr int64_t kGroup = 32;
@@ -38,12 +40,6 @@ inline void codes(const uint8_t* q, __m256 w[4]) {
     std::memcpy(&word, q + 4 * i, sizeof(word));
     w[i] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), mask));
   }
-}
-
-inline float hsum(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
 }
 
 // sum_i a[i] b[i], eight lanes at a time: a row's mins . x's group sums. As a scalar loop this
@@ -507,7 +503,11 @@ bool register_ops() {
   return true;
 }
 
+// native_decode.cpp: the whole decode step in one call (engine/native_decode.py).
+void bind_native_decoder(pybind11::module_& m);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  bind_native_decoder(m);
   m.def("register_ops", &register_ops, "register the torch operators (False: registered already)");
   m.def("q8_linear", &q8_linear, "y = x W^T, W GGUF Q8_0 (int8 codes, float32 scale per 32 inputs), float32");
   m.def("q4_dequantize", &q4_dequantize, "W as float32, as formats.dequantize computes it");

@@ -81,12 +81,13 @@ def add_decode_capture_args(p: argparse.ArgumentParser | argparse._ArgumentGroup
     return [
         p.add_argument("--decode-capture", default=None if passthrough else _engine("decode_capture"),
                        choices=DECODE_CAPTURES,
-                       help="run decode-only steps as one captured program per batch bucket: on = torch.compile "
-                            "on CPU (each bucket compiles at start, a minute or more), CUDA graphs on CUDA; "
-                            "off = eager; auto (default) = on CPU with a C++ toolchain, compiled in the background "
-                            "while steps run eagerly; on CUDA, graphs captured at start; eager with LoRA or "
-                            "tensor parallelism; $PAGEDKUBE_DECODE_CAPTURE replaces auto "
-                            "(docs/engine.md)"),
+                       help="how decode-only steps run: native = one call a step into pagedkube's C++ "
+                            "kernels (CPU, a GGUF model on the default path); on = one captured program per "
+                            "batch bucket, torch.compile on CPU (each bucket compiles at start, a minute or "
+                            "more), CUDA graphs on CUDA; off = eager; auto (default) = native where it applies, "
+                            "else on CPU with a C++ toolchain compiled in the background while steps run "
+                            "eagerly; on CUDA, graphs captured at start; eager with LoRA or tensor "
+                            "parallelism; $PAGEDKUBE_DECODE_CAPTURE replaces auto (docs/engine.md)"),
         p.add_argument("--decode-capture-sizes", type=_as_typed(parse_sizes) if passthrough else parse_sizes,
                        default=None if passthrough else sizes,
                        help="batch-size buckets to capture, comma-separated (default "
