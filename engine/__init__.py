@@ -18,12 +18,13 @@ never imports torch. Hence the lazy attributes below.
     block_pool.py        fixed-size blocks, the O(1) LRU free queue, the hash -> block map
     kv_events.py         KVEventLog: the cache feed's stored/removed events
     model_runner.py      one forward pass over a scheduled batch (torch)
-    runner_setup.py      what the runner decides before it builds: device, attention backend, capture mode
+    runner_setup.py      what the runner decides before it builds: device, attention backend, decode mode
     kv_pool.py           the KV pool's size (a share of free memory) and its tensors
     model_config.py      what the runner reads from config.json
     host_memory.py       host memory an allocation can still take (MemAvailable, the cgroup limit)
     loader.py            builds the decoder and loads safetensors or GGUF weights
     cache_lock.py        one process at a time making a cache entry (GGUF conversion, kernel timings)
+    native_decode.py     decode steps as one call into our C++ kernels (the CPU's GGUF default path)
     decode_capture.py    decode steps as one captured program (torch.compile / CUDA graphs)
     inductor_cache.py    Inductor's cache for that program: portable code, the image's warm copy
     sampler.py           logits -> tokens (greedy, temperature, top-k/p, min-p)

@@ -6,6 +6,8 @@
     calibrate.py      on CPU, each projection shape's kernels chosen by measurement at load
     q4_fused.py       our exact float32 CPU kernels for Q4 and Q8_0 weights (built at first use)
     q4_linear.cpp     their C++ source
+    native_decode.cpp a whole decode step over them in one call (engine/native_decode.py)
+    cpu_vec.h         vector helpers the C++ sources share
     packed_vocab.py   the embedding and lm_head kept as the file's Q8_0
     assemble.py       each projection's weight, assembled from its checkpoint pieces
     triton_common.py  what the two Triton matmuls share
