@@ -20,6 +20,8 @@ each, per round; the step time is the median engine step of the round's decode. 
                    (cpp.dynamic_threads) instead of one thread
     cpp-wrapper    Inductor's C++ wrapper (`cpp_wrapper`): the graph's kernels called from C++,
                    not from a generated Python function
+    native         no capture: the step as one call into our C++ library (engine/native_decode.py,
+                   what `auto` runs on this model)
 
 Medians of the rounds per variant; compare variants of one run only (the machine drifts).
 
@@ -72,7 +74,7 @@ def variant(name: str):
             def write_kv(self, *args):
                 torch_backend.write_kv(*args)
         cpu_backend.CpuKernelBackend = TorchWrite       # runner_setup.select_backend imports it by name
-    elif name != "default":
+    elif name not in ("default", "native"):
         raise SystemExit(f"unknown variant {name!r}")
     try:
         yield
@@ -96,7 +98,8 @@ def main() -> None:
     for name in args.variant:
         with variant(name):
             engines[name] = LLMEngine(EngineConfig(model="smollm2-135m-instruct", max_model_len=1024,
-                                                   enable_prefix_caching=False, decode_capture="on",
+                                                   enable_prefix_caching=False,
+                                                   decode_capture="native" if name == "native" else "on",
                                                    decode_capture_sizes=(1,)))
     prompt = [(7 * i + 3) % 40000 + 5 for i in range(256)]
 

@@ -20,12 +20,13 @@ parallelism (the runner checks those).
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from torch import nn
 
 from pagedkube.engine.attention.cpu_backend import CpuKernelBackend
-from pagedkube.engine.models.decoder import DecoderForCausalLM
+from pagedkube.engine.models.decoder import DecoderForCausalLM, DecoderLayer
 from pagedkube.engine.quant.linear import DenseKernel, QuantLinear, SplitKernel
 from pagedkube.engine.quant.q4_fused import Q4DequantKernel, Q4FusedKernel, Q4Int16Kernel, Q4Ops
 
@@ -67,6 +68,15 @@ def _projection(module: nn.Module) -> tuple[list[int], list[torch.Tensor]]:
     return [df, pf, rows], [*dt, *pt, bias]
 
 
+def _layers(model: DecoderForCausalLM) -> list[DecoderLayer]:
+    return cast("list[DecoderLayer]", list(model.model.layers))
+
+
+def _projections(layer: DecoderLayer) -> tuple[nn.Module, nn.Module, nn.Module, nn.Module]:
+    """qkv, o, gate_up, down: native_decode.cpp's order."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
 def why_not_native(model: nn.Module, ops: Q4Ops | None) -> str | None:
     """None where NativeDecode can run this model, else why not (for the log and for
     `--decode-capture native`'s error)."""
@@ -74,7 +84,7 @@ def why_not_native(model: nn.Module, ops: Q4Ops | None) -> str | None:
         return "our C++ kernels (with their AVX2 attention) are not loaded in this process"
     if not isinstance(model, DecoderForCausalLM):
         return f"model class {type(model).__name__}"
-    layers = model.model.layers
+    layers = _layers(model)
     if not isinstance(layers[0].self_attn.backend, CpuKernelBackend):
         return "the attention backend is not our CPU kernel backend"
     if model.config.qk_norm:
@@ -83,8 +93,7 @@ def why_not_native(model: nn.Module, ops: Q4Ops | None) -> str | None:
         return "activations are not float32"
     try:
         for layer in layers:
-            for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                         layer.mlp.down_proj):
+            for proj in _projections(layer):
                 _projection(proj)
     except ValueError as e:
         return f"a projection's kernel has no C++ form: {e}"
@@ -95,24 +104,23 @@ class NativeDecode:
     """run(step) -> the final norm's hidden rows of a decode-only step, None for any other step
     (the runner then runs the model eagerly); DecodeCapture's interface."""
 
-    def __init__(self, model: DecoderForCausalLM, kv_caches: list, ops: Q4Ops):
+    def __init__(self, model: DecoderForCausalLM, kv_caches: list, ops: Q4Ops | None):
         reason = why_not_native(model, ops)
-        if reason is not None:
+        if reason is not None or ops is None:
             raise ValueError(f"native decode does not apply: {reason}")
-        cfg, layers = model.config, model.model.layers
+        cfg, layers = model.config, _layers(model)
         tensors, forms = [], []
         for layer, (k_cache, v_cache) in zip(layers, kv_caches, strict=True):
-            attn, mlp = layer.self_attn, layer.mlp
             layer_tensors = [layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
                              k_cache, v_cache]
             layer_forms: list[int] = []
-            for proj in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            for proj in _projections(layer):
                 f, t = _projection(proj)
                 layer_forms += f
                 layer_tensors += [x.detach() for x in t]
             tensors.append(layer_tensors)
             forms.append(layer_forms)
-        self.embed = model.model.embed_tokens
+        self.embed: nn.Module = model.model.embed_tokens
         self.decoder = ops.ext.NativeDecoder(         # type: ignore[union-attr]   # why_not_native checked it
             tensors, forms, model.model.norm.weight.detach(), model.rotary.cos, model.rotary.sin_signed,
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, model.model.norm.eps,
