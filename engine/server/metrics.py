@@ -77,7 +77,7 @@ class _EngineStatsCollector:
                       get("num_preemptions"))
         # Ours (vLLM has none): whether --decode-capture is doing anything, next to its step count.
         yield counter("pagedkube_engine_captured_decode_steps",
-                      "Decode steps run through the captured program (--decode-capture); the others ran eager.",
+                      "Decode steps run through the captured program or natively (--decode-capture); the others ran eager.",
                       get("num_captured_steps"))
         if self.max_lora is not None:   # vLLM's: the adapters in use, as labels; the value is the time of reading
             info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
