@@ -1,8 +1,10 @@
 """512 concurrent clients against one default `pagedkube serve`, on uvloop and on asyncio,
 and on uvloop with whole decode-step capture: `--decode-capture on` (torch.compile'd decode
 buckets 1 and 8 before serving, so the storm's decode steps run captured, padded and eager by
-batch size) and the default `auto`, which on the default model is `native` (every decode-only
-step one C++ call, engine/native_decode.py, at any batch size).
+batch size) and the default `auto` (the same buckets compiling on a background thread while the
+storm runs: its steps switch from eager to captured as each bucket becomes ready); and the
+default model itself at its default, `auto` there being native decode (every decode-only step
+one C++ call, engine/native_decode.py, at any batch size).
 
 The load that wedged the engine (issue 14, docs/design.md, pitfall "A pipe under uvloop"): a
 mix of completions and chats, n up to 8, logprobs up to 5, streamed and not,
@@ -25,7 +27,10 @@ import jsonschema
 
 import httpx
 import pytest
+from default_model import require_default_model
 from toolchain import require_cxx
+
+from pagedkube.model_source import DEFAULT_MODEL
 
 from .conftest import ServerProcess, metric_value, wait_until
 
@@ -146,8 +151,9 @@ READY = "decode capture (torch.compile): buckets [1, 8] ready"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop,capture", [("uvloop", "off"), ("asyncio", "off"), ("uvloop", "on"),
-                                          ("uvloop", "auto")],
-                         ids=["uvloop", "asyncio", "uvloop-decode-capture", "uvloop-default-native-decode"])
+                                          ("uvloop", "auto"), ("uvloop", "native")],
+                         ids=["uvloop", "asyncio", "uvloop-decode-capture", "uvloop-default-background-capture",
+                              "uvloop-default-model-native-decode"])
 def test_512_concurrent_clients(tmp_path, loop, capture):
     extra: tuple[str, ...] = ()
     env = None
@@ -156,13 +162,19 @@ def test_512_concurrent_clients(tmp_path, loop, capture):
         extra = SIZES + (("--decode-capture", "on") if capture == "on" else ())
         # auto: the product's default, which this suite's environment otherwise replaces with off
         env = {k: v for k, v in os.environ.items() if k != "PAGEDKUBE_DECODE_CAPTURE"}
+    if capture == "native":                # the default model at the product's default: auto is native
+        require_default_model()
+        extra = ("--model", DEFAULT_MODEL)
     server = ServerProcess(tmp_path, "--max-model-len", "256", "--loop", loop, *extra, env=env,
                            name=f"stress-{loop}-capture-{capture}").start()
     try:
         if capture == "on":
             assert READY in server.log()
-        if capture == "auto":                  # the default model decodes natively: nothing compiles
-            assert "decode steps run natively" in server.log() and "decode capture (torch.compile)" not in server.log()
+        if capture == "auto":                  # serving at once, the buckets compiling meanwhile
+            assert "compiling buckets [1, 8] in the background" in server.log()
+        if capture == "native":                # nothing to compile
+            assert "decode steps run natively" in server.log(), server.log()[-3000:]
+            assert "decode capture (torch.compile)" not in server.log()
         results = asyncio.run(_storm(server.url))
         failures = [r for r in results if r not in ("ok", "abandoned")]
         assert not failures, f"{len(failures)} failed, e.g. {failures[:3]}\n{server.log()[-3000:]}"
@@ -178,9 +190,14 @@ def test_512_concurrent_clients(tmp_path, loop, capture):
                         and metric_value(text, "vllm:num_requests_waiting") == 0
                         and metric_value(text, "vllm:kv_cache_usage_perc") == 0)
             wait_until(pool_empty, timeout=60)   # abandoned streams' aborts reach the core
+            if capture == "auto":
+                wait_until(lambda: READY in server.log(), timeout=900)
+                r = c.post("/v1/completions", json={"prompt": "Good dog", "max_tokens": 4, "temperature": 0})
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
             captured = metric_value(c.get("/metrics").text, "pagedkube_engine_captured_decode_steps_total")
-            # With capture every decode-only step of 1-8 sequences ran captured (natively: every
-            # decode-only step); without it none did.
+            # With capture every decode-only step of 1-8 sequences ran captured once its bucket was
+            # ready (the storm's tail and the requests above), natively every decode-only step;
+            # without either none did.
             assert captured > 0 if capture != "off" else captured == 0
     finally:
         assert server.stop() == 0, server.log()[-3000:]
