@@ -15,22 +15,15 @@ import pytest
 import torch
 
 from pagedkube.engine.attention import torch_backend, torch_ref
-from pagedkube.engine.gguf.prepare import cache_root
-from pagedkube.engine.quant import q4_fused
 
 from attention_steps import make_step
+from cpu_kernels import require_cpu_kernels
 from default_model import require_default_model
 
 
 @pytest.fixture(scope="module")
 def ops():
-    if not q4_fused._toolchain():
-        pytest.skip("no C++ toolchain (make cxx installs one)")
-    built = q4_fused.q4_ext(cache_root())
-    assert built is not None
-    if not built.has_attention():
-        pytest.skip("this CPU has no AVX2/FMA/F16C: the attention kernel is not built")
-    return built
+    return require_cpu_kernels()
 
 
 def _pool(dtype: torch.dtype, seq_lens: list[int], heads: tuple[int, int], head_dim: int, block_size: int = 16,

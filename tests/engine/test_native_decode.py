@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpu_kernels import require_cpu_kernels
 from default_model import DOGS, QUESTIONS, SYSTEM, require_default_model
 from gguf_factory import write_tiny_gguf
 
 from pagedkube.engine.config import EngineConfig
-from pagedkube.engine.gguf.prepare import cache_root
 from pagedkube.engine.llm import LLM
 from pagedkube.engine.native_decode import NativeDecode, why_not_native
-from pagedkube.engine.quant import calibrate, q4_fused
+from pagedkube.engine.quant import calibrate
 from pagedkube.engine.runner_setup import resolve_decode_capture
 from pagedkube.engine.sampling_params import SamplingParams
 
@@ -30,13 +30,7 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprob
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels():
-    if not q4_fused._toolchain():
-        pytest.skip("no C++ toolchain (make cxx installs one)")
-    built = q4_fused.q4_ext(cache_root())
-    assert built is not None
-    if not built.has_attention():
-        pytest.skip("this CPU has no AVX2/FMA/F16C: the attention kernel is not built")
-    return built
+    return require_cpu_kernels()
 
 
 def prompts(count: int, base: int = 9) -> list[list[int]]:
