@@ -49,23 +49,25 @@ def _kernel_tensors(kernel) -> tuple[int, list[torch.Tensor]]:
     return form, [w.qweight, w.scales, w.mins]
 
 
-def _projection(module: nn.Module) -> tuple[list[int], list[torch.Tensor]]:
-    """([decode form, prefill form, max decode rows], the 7 tensors) of one projection."""
+def _split(module: nn.Module) -> tuple[object, object, int]:
+    """(decode kernel, prefill kernel, max decode rows) of one projection module."""
     if isinstance(module, QuantLinear):
         kernel = module.kernel
         if isinstance(kernel, SplitKernel):
-            (df, dt), (pf, pt), rows = _kernel_tensors(kernel.decode), _kernel_tensors(kernel.prefill), \
-                kernel.max_decode_rows
-        else:
-            (df, dt), rows = _kernel_tensors(kernel), NO_ROW_LIMIT
-            pf, pt = df, dt
-    elif type(module) is nn.Linear:
-        (df, dt), rows = _kernel_tensors(DenseKernel(module.weight)), NO_ROW_LIMIT
-        pf, pt = df, dt
-    else:
-        raise ValueError(f"projection {type(module).__name__}")
-    bias = module.bias if module.bias is not None else _EMPTY
-    return [df, pf, rows], [*dt, *pt, bias]
+            return kernel.decode, kernel.prefill, kernel.max_decode_rows
+        return kernel, kernel, NO_ROW_LIMIT
+    if type(module) is nn.Linear:
+        dense = DenseKernel(module.weight)
+        return dense, dense, NO_ROW_LIMIT
+    raise ValueError(f"projection {type(module).__name__}")
+
+
+def _projection(module: nn.Module) -> tuple[list[int], list[torch.Tensor]]:
+    """([decode form, prefill form, max decode rows], the 7 tensors) of one projection."""
+    decode, prefill, rows = _split(module)
+    (df, dt), (pf, pt) = _kernel_tensors(decode), _kernel_tensors(prefill)
+    bias = cast("torch.Tensor | None", module.bias)           # QuantLinear's and nn.Linear's (_split checked)
+    return [df, pf, rows], [*dt, *pt, bias if bias is not None else _EMPTY]
 
 
 def _layers(model: DecoderForCausalLM) -> list[DecoderLayer]:
@@ -80,7 +82,7 @@ def _projections(layer: DecoderLayer) -> tuple[nn.Module, nn.Module, nn.Module, 
 def why_not_native(model: nn.Module, ops: Q4Ops | None) -> str | None:
     """None where NativeDecode can run this model, else why not (for the log and for
     `--decode-capture native`'s error)."""
-    if ops is None or ops.ext is None or not hasattr(ops.ext, "NativeDecoder") or not ops.has_attention():
+    if ops is None or ops.ext is None or not ops.has_attention():
         return "our C++ kernels (with their AVX2 attention) are not loaded in this process"
     if not isinstance(model, DecoderForCausalLM):
         return f"model class {type(model).__name__}"
@@ -132,8 +134,6 @@ class NativeDecode:
         meta = step.meta
         if meta.max_query_len != 1:
             return None
-        hidden = self.embed(step.input_ids)
-        if not hidden.is_contiguous():
-            hidden = hidden.contiguous()
         self.num_captured_steps += 1
-        return self.decoder.step(hidden, step.positions, meta.slot_mapping, meta.seq_lens, meta.block_tables)
+        return self.decoder.step(self.embed(step.input_ids).contiguous(), step.positions, meta.slot_mapping,
+                                 meta.seq_lens, meta.block_tables)

@@ -55,14 +55,14 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_pa
     can run natively, else why not (native_decode.why_not_native).
     auto = native where it can run (no LoRA, one rank): a one-row step measured 9.2 against
     14.1 ms captured and 15.3 ms eager, the same tokens, nothing to compile (docs/benchmarks.md
-    "One call a decode step"); else background on CPU where it can run (a C++ toolchain for torch.compile, the torch
-    attention backend, no LoRA, one rank): a bucket compiles for 1-3 minutes on a 2-core CPU for a
-    ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole decode-step capture"), and in
-    the background start-up does not wait for it. On CUDA auto = on (the Triton attention backend,
-    no LoRA, one rank): CUDA graphs of buckets 1-8 took 1.9 s to capture on an H200 and made a
-    Qwen2.5-0.5B-shaped decode step 3.7x shorter at one client, 2.7x at eight (docs/benchmarks.md
-    "GPU (Triton)"). $PAGEDKUBE_DECODE_CAPTURE (auto, on, off) stands in for an `auto` setting: a
-    deployment's (or a test suite's) default."""
+    "One call a decode step"); else background on CPU where it can run (a C++ toolchain for
+    torch.compile, the torch attention backend, no LoRA, one rank): a bucket compiles for 1-3
+    minutes on a 2-core CPU for a ~1.4x shorter one-client decode step (docs/benchmarks.md "Whole
+    decode-step capture"), and in the background start-up does not wait for it. On CUDA auto = on
+    (the Triton attention backend, no LoRA, one rank): CUDA graphs of buckets 1-8 took 1.9 s to
+    capture on an H200 and made a Qwen2.5-0.5B-shaped decode step 3.7x shorter at one client, 2.7x
+    at eight (docs/benchmarks.md "GPU (Triton)"). $PAGEDKUBE_DECODE_CAPTURE (one of
+    DECODE_CAPTURES) stands in for an `auto` setting: a deployment's (or a test suite's) default."""
     mode = config.decode_capture
     if mode == "auto":
         mode = os.environ.get(DECODE_CAPTURE_ENV) or "auto"
@@ -70,9 +70,7 @@ def resolve_decode_capture(config: EngineConfig, device: torch.device, tensor_pa
             raise ValueError(f"${DECODE_CAPTURE_ENV} must be one of {DECODE_CAPTURES}, got {mode!r}")
     if mode == "off":
         return "off"
-    if mode == "native":
-        if config.enable_lora or tensor_parallel:
-            raise ValueError("decode_capture 'native' does not run LoRA adapters or tensor parallelism")
+    if mode == "native":                  # LoRA and tensor parallelism: refused by EngineConfig and the runner
         if why_not_native is not None:
             raise ValueError(f"decode_capture 'native' does not apply to this model: {why_not_native}")
         return "native"

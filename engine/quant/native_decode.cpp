@@ -75,18 +75,13 @@ struct Layer {
 };
 
 float sum_of_squares(const float* x, int64_t n) {
-  int64_t i = 0;
-  float sum = 0;
 #ifdef NATIVE_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-  }
-  sum = hsum(acc);
-#endif
-  for (; i < n; ++i) sum += x[i] * x[i];
+  return dot(x, x, n);
+#else
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
   return sum;
+#endif
 }
 
 // out = weight * (x / sqrt(mean(x^2) + eps)) per row, as RMSNorm's float32 path.

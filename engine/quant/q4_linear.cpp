@@ -42,17 +42,6 @@ inline void codes(const uint8_t* q, __m256 w[4]) {
   }
 }
 
-// sum_i a[i] b[i], eight lanes at a time: a row's mins . x's group sums. As a scalar loop this
-// was a chain of dependent adds per output row, ~9% of a one-row call (docs/benchmarks.md).
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float sum = hsum(acc);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
 // Q8_0's 32 signed codes of one group (32 bytes) as floats.
 inline void codes8(const int8_t* q, __m256 w[4]) {
   for (int i = 0; i < 4; ++i)
